@@ -1,0 +1,35 @@
+# Two commands: `make demo` (a whole swarm on this machine) and `make test` (the whole suite).
+# Both create .venv with Python 3.11 and install the project into it first.
+#
+# torch is installed before the project, pinned, because an unpinned torch pulls a CUDA build of several GB.
+# On a GPU machine pick your build:  make demo TORCH="torch==2.5.1" PIP_TORCH_FLAGS="--index-url <your CUDA index>"
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+PIP_TORCH_FLAGS ?=
+PYTEST_FLAGS ?=
+
+.PHONY: demo test protos bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(PIP_TORCH_FLAGS) "$(TORCH)"
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/cotrain demo
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest $(PYTEST_FLAGS)
+
+protos: $(VENV)/.installed
+	$(BIN)/python protos/generate.py
+
+clean:
+	rm -rf $(VENV) cotrain-demo .pytest_cache

@@ -1,0 +1,110 @@
+"""Keeps checkpoints of the shared model and evaluates them, without stopping any node.
+
+Every ``checkpoint_interval_s`` it reads the swarm's progress from the DHT; when the swarm has finished a round
+that is not checkpointed yet, it downloads the global state from the peer with the most progress (hivemind's state
+download, the same path a joining node takes), writes it atomically to ``state_dir/checkpoints``, records it in
+the store, and evaluates it on the validation split.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from cotrain.averaging import ProgressBoard, SwarmAverager
+from cotrain.checkpoint import save_checkpoint
+from cotrain.config import RunConfig
+from cotrain.data import Corpus
+from cotrain.evaluation import evaluate_lm
+
+from cotrain.coordinator.service import SwarmSummary
+from cotrain.coordinator.store import Store
+
+logger = logging.getLogger(__name__)
+
+
+class Checkpointer(threading.Thread):
+    def __init__(self, cfg: RunConfig, run_id: str, model: torch.nn.Module, averager: SwarmAverager,
+                 board: ProgressBoard, store: Store, corpus: Corpus, summary: SwarmSummary):
+        super().__init__(name="checkpointer", daemon=True)
+        self.cfg, self.run_id, self.model, self.averager = cfg, run_id, model, averager
+        self.board, self.store, self.corpus, self.summary = board, store, corpus, summary
+        self.folder = store.state_dir / "checkpoints"
+        self.stop_event = threading.Event()
+        self.wake = threading.Event()
+        latest = store.checkpoints()
+        self.last_round = latest[0][0] if latest else -1
+        if latest:
+            summary.latest_checkpoint, summary.latest_checkpoint_round = latest[0][1], latest[0][0]
+        evals = store.evals()
+        if evals:
+            _, summary.val_round, summary.val_loss, summary.val_bpc, _ = evals[-1]
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self.tick()
+            except Exception:
+                logger.exception("checkpoint attempt failed; will retry")
+            self.wake.wait(self.cfg.coordinator.checkpoint_interval_s)
+            self.wake.clear()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.wake.set()
+
+    def swarm_round(self) -> int:
+        return max((p.round for p in self.board.read() if time.time() - p.time <= 30), default=-1)
+
+    def tick(self) -> Optional[Path]:
+        if self.swarm_round() <= self.last_round:
+            return None
+        result = self.averager.load_state_from_peers(timeout=60.0)
+        if result is None:
+            return None
+        metadata, tensors = result
+        round_number = int(metadata.get("round", 0))
+        if metadata.get("run_id") != self.run_id or round_number <= self.last_round:
+            return None
+        params = list(self.model.parameters())
+        names = [n for n, _ in self.model.named_parameters()]
+        if len(tensors) != 2 * len(params) or any(t.shape != p.shape for t, p in zip(tensors, params)):
+            logger.warning("a peer sent state that does not fit this run's model; ignored")
+            return None
+        state = {f"model.{n}": t for n, t in zip(names, tensors[: len(params)])}
+        state.update({f"outer_momentum.{n}": t for n, t in zip(names, tensors[len(params):])})
+        samples_total = int(metadata.get("samples_total", 0))
+        path = self.folder / f"round-{round_number:06d}.safetensors"
+        sha = save_checkpoint(path, state, dict(run_id=self.run_id, round=round_number, samples_total=samples_total,
+                                                config_toml=self.cfg.to_toml(), time=time.time()))
+        self.store.add_checkpoint(round_number, str(path), sha, samples_total)
+        self.last_round = round_number
+        self.summary.latest_checkpoint, self.summary.latest_checkpoint_round = str(path), round_number
+        logger.info("checkpoint of round %d written to %s", round_number, path)
+        self._prune()
+        self._evaluate(round_number, tensors[: len(params)])
+        return path
+
+    def _evaluate(self, round_number: int, params: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for p, t in zip(self.model.parameters(), params):
+                p.copy_(t)
+        data = self.cfg.data
+        result = evaluate_lm(self.model, self.corpus.read, self.corpus.val.start, self.corpus.val.end,
+                             data.seq_len, batch_size=8, max_bytes=self.cfg.coordinator.eval_bytes)
+        self.store.add_eval(round_number, result.loss, result.bpc, result.bytes)
+        self.summary.val_loss, self.summary.val_bpc, self.summary.val_round = result.loss, result.bpc, round_number
+        logger.info("round %d: validation %.4f nats/byte = %.3f bits per character", round_number, result.loss,
+                    result.bpc)
+
+    def _prune(self) -> None:
+        keep = self.cfg.coordinator.keep_checkpoints
+        for _, path, *_ in self.store.checkpoints()[keep:]:
+            for p in (Path(path), Path(path + ".sha256")):
+                p.unlink(missing_ok=True)
+            self.store.remove_checkpoint(path)

@@ -1,0 +1,91 @@
+"""``cotrain coordinator ...``: the operator's commands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from cotrain.config import RunConfig
+
+from cotrain.coordinator.server import CoordinatorOptions, serve
+from cotrain.coordinator.store import Store
+
+
+def add_parser(subparsers) -> None:
+    coordinator = subparsers.add_parser("coordinator", help="run and administer a coordinator").add_subparsers(
+        dest="coordinator_command", metavar="COMMAND", required=True)
+
+    start = coordinator.add_parser("start", help="start the coordinator of a run")
+    start.add_argument("--config", type=Path, help="run config (TOML); default: built-in defaults")
+    start.add_argument("--listen", default="127.0.0.1:7450", help="gRPC address HOST:PORT (default 127.0.0.1:7450)")
+    start.add_argument("--state-dir", type=Path, default=Path("cotrain-state"),
+                       help="SQLite state, checkpoints and DHT identity (default ./cotrain-state)")
+    start.add_argument("--dht-port", type=int, default=0, help="TCP port of the DHT bootstrap peer (0: any free)")
+    tls = start.add_argument_group("TLS (required unless --insecure)")
+    tls.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
+    tls.add_argument("--tls-key", type=Path, help="server private key (PEM)")
+    tls.add_argument("--insecure", action="store_true", help="plaintext gRPC, for loopback demos and tests")
+    start.set_defaults(handler=cmd_start)
+
+    token = coordinator.add_parser("token", help="create, list and revoke join tokens").add_subparsers(
+        dest="token_command", metavar="COMMAND", required=True)
+    create = token.add_parser("create", help="create a join token and print it")
+    create.add_argument("name", help="who the token is for (unique)")
+    create.add_argument("--expires-in", type=float, default=0.0, help="seconds until it expires (0: never)")
+    revoke = token.add_parser("revoke", help="revoke a token: nodes can no longer join with it")
+    revoke.add_argument("name")
+    listing = token.add_parser("list", help="list tokens (never their secrets)")
+    listing.add_argument("--format", choices=("table", "json"), default="table")
+    for p in (create, revoke, listing):
+        p.add_argument("--state-dir", type=Path, default=Path("cotrain-state"), help="the coordinator's state dir")
+    create.set_defaults(handler=cmd_token_create)
+    revoke.set_defaults(handler=cmd_token_revoke)
+    listing.set_defaults(handler=cmd_token_list)
+
+
+def cmd_start(args) -> int:
+    if not args.insecure and not (args.tls_cert and args.tls_key):
+        raise SystemExit("coordinator start: pass --tls-cert and --tls-key, or --insecure for plaintext")
+    if not 0 <= args.dht_port <= 65535:
+        raise SystemExit(f"--dht-port: must be in 0..65535, got {args.dht_port}")
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+        if path is not None and not path.is_file():
+            raise SystemExit(f"{flag}: no such file {path}")
+    cfg = RunConfig.load(args.config) if args.config else None
+    options = CoordinatorOptions(listen=args.listen, state_dir=args.state_dir, dht_port=args.dht_port,
+                                 insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key)
+    asyncio.run(serve(cfg, options))
+    return 0
+
+
+def cmd_token_create(args) -> int:
+    if args.expires_in < 0:
+        raise SystemExit("--expires-in: must be >= 0")
+    expires = time.time() + args.expires_in if args.expires_in else None
+    print(Store(args.state_dir).create_token(args.name, expires))
+    return 0
+
+
+def cmd_token_revoke(args) -> int:
+    if not Store(args.state_dir).revoke_token(args.name):
+        raise SystemExit(f"token revoke: no token named {args.name!r} in {args.state_dir}")
+    print(f"revoked {args.name}")
+    return 0
+
+
+def cmd_token_list(args) -> int:
+    now = time.time()
+    rows = [dict(name=t.name, created=t.created, expires=t.expires, revoked=t.revoked, usable=t.usable(now)[0])
+            for t in Store(args.state_dir).list_tokens()]
+    if args.format == "json":
+        print(json.dumps(rows, indent=1))
+    else:
+        print(f"{'NAME':24} {'CREATED':20} {'EXPIRES':20} STATE")
+        for r in rows:
+            fmt = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "never"
+            state = "revoked" if r["revoked"] else ("usable" if r["usable"] else "expired")
+            print(f"{r['name']:24} {fmt(r['created']):20} {fmt(r['expires']):20} {state}")
+    return 0

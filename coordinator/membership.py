@@ -1,0 +1,76 @@
+"""Membership and data-assignment decisions, as pure functions of (now, state, config).
+
+Each returns its decision with a reason in words; the service logs the reason and the health view shows it.
+Tests drive them with plain numbers for ``now``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+HEALTHY, STRAGGLER, LOST, LEFT = "healthy", "straggler", "lost", "left"
+
+#: a node slower than this fraction of the median samples/s is a straggler
+STRAGGLER_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class NodeView:
+    node_id: str
+    name: str
+    joined: float
+    last_seen: float
+    left: bool
+    samples_per_s: float
+    loss: float
+
+
+def node_state(now: float, node: NodeView, peers: Sequence[NodeView], heartbeat_interval: float,
+               lost_after_missed: int) -> tuple[str, str]:
+    """healthy / straggler / lost / left, and why."""
+    if node.left:
+        return LEFT, "left the swarm"
+    silent = now - node.last_seen
+    limit = heartbeat_interval * lost_after_missed
+    if silent > limit:
+        return LOST, f"no heartbeat for {silent:.0f}s (limit {limit:.0f}s)"
+    if node.loss != node.loss or node.loss in (float("inf"), float("-inf")):
+        return STRAGGLER, "loss is not finite"
+    online = [p.samples_per_s for p in peers if not p.left and now - p.last_seen <= limit and p.samples_per_s > 0]
+    if len(online) >= 2 and node.samples_per_s > 0:
+        median = statistics.median(online)
+        if node.samples_per_s < STRAGGLER_FRACTION * median:
+            return STRAGGLER, f"{median / node.samples_per_s:.1f}x slower than the median"
+    return HEALTHY, "ok"
+
+
+def active_nodes(now: float, nodes: Iterable[NodeView], heartbeat_interval: float,
+                 lost_after_missed: int) -> list[NodeView]:
+    """Nodes that hold data: not left and not lost, in the order they joined."""
+    limit = heartbeat_interval * lost_after_missed
+    return sorted((n for n in nodes if not n.left and now - n.last_seen <= limit), key=lambda n: (n.joined, n.node_id))
+
+
+@dataclass(frozen=True)
+class Assignment:
+    shard_index: int
+    num_shards: int
+    start: int
+    end: int
+
+
+def assign_shards(active: Sequence[str], train_start: int, train_end: int) -> tuple[dict[str, Assignment], str]:
+    """Split the training range into one contiguous shard per active node, in join order.
+
+    When a node joins or goes, every node's shard changes: the service tells each node whose shard changed to
+    take its new one (command REASSIGN), so the whole corpus stays covered by the nodes that are there.
+    """
+    n = max(1, len(active))
+    size = (train_end - train_start) // n
+    out = {}
+    for i, node_id in enumerate(active):
+        end = train_end if i == n - 1 else train_start + (i + 1) * size
+        out[node_id] = Assignment(i, n, train_start + i * size, end)
+    return out, f"{len(active)} active node(s), {size} training bytes each"

@@ -1,0 +1,132 @@
+"""``cotrain coordinator start``: the DHT bootstrap peer, the gRPC service, the checkpointer, one process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import grpc
+import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from cotrain.averaging import ProgressBoard, make_averager, start_dht, visible_maddrs
+from cotrain.checkpoint import atomic_write_bytes
+from cotrain.config import RunConfig
+from cotrain.data import Corpus
+from cotrain.models import build_model
+from cotrain.protocol import CHANNEL_OPTIONS, parse_address
+from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
+
+from cotrain.coordinator.checkpointer import Checkpointer
+from cotrain.coordinator.service import CoordinatorService, RunInfo, SwarmSummary
+from cotrain.coordinator.store import Store
+
+logger = logging.getLogger(__name__)
+
+
+class StateDirError(ValueError):
+    """The state dir belongs to another run."""
+
+
+@dataclass
+class CoordinatorOptions:
+    listen: str = "127.0.0.1:7450"
+    state_dir: Path = Path("cotrain-state")
+    dht_port: int = 0
+    insecure: bool = False
+    tls_cert: Optional[Path] = None
+    tls_key: Optional[Path] = None
+
+
+def resolve_run(cfg: Optional[RunConfig], store: Store) -> tuple[str, RunConfig]:
+    """The run this state dir holds; a new one is created on first start.
+
+    Restarting with another config is refused: the nodes of a run must all train the same thing.
+    """
+    stored_toml, run_id = store.get_meta("config_toml"), store.get_meta("run_id")
+    if stored_toml is not None and run_id is not None:
+        stored = RunConfig.from_toml(stored_toml, origin=f"{store.path} (stored run config)")
+        if cfg is not None and cfg != stored:
+            raise StateDirError(
+                f"state dir {store.state_dir} holds run {run_id} with another run config; pass the same --config, "
+                f"or start a new run with another --state-dir")
+        return run_id, stored
+    cfg = cfg or RunConfig()
+    run_id = f"{cfg.run.name}-{uuid.uuid4().hex[:8]}"
+    store.set_meta("config_toml", cfg.to_toml())
+    store.set_meta("run_id", run_id)
+    return run_id, cfg
+
+
+async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
+    host, port = parse_address(options.listen, "--listen")
+    store = Store(options.state_dir)
+    run_id, cfg = resolve_run(cfg, store)
+    corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)
+    torch.set_num_threads(1)  # evaluation shares the machine with nodes; keep the coordinator light
+
+    dht = start_dht(host=host if host not in ("0.0.0.0", "::") else "0.0.0.0", port=options.dht_port,
+                    identity_path=str(options.state_dir / "dht.key"))
+    torch.manual_seed(cfg.run.seed)
+    model = build_model(cfg.model)
+    template = [torch.zeros_like(p) for p in model.parameters()]
+    averager = make_averager(template, dht, f"{run_id}_diloco", cfg.averaging, compression=_no_compression(),
+                             get_state=lambda: ({}, []), client_mode=True)
+    board = ProgressBoard(dht, f"{run_id}_progress", ttl=3 * cfg.averaging.progress_interval + 1.0)
+    summary = SwarmSummary()
+    run = RunInfo(run_id, cfg.to_toml(), corpus, cfg.coordinator.heartbeat_interval_s,
+                  cfg.coordinator.lost_after_missed, initial_peers=lambda: visible_maddrs(dht))
+    service = CoordinatorService(store, run, summary)
+    checkpointer = Checkpointer(cfg, run_id, model, averager, board, store, corpus, summary)
+
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    pb_grpc.add_CoordinatorServicer_to_server(service, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if options.insecure:
+        bound = server.add_insecure_port(options.listen)
+    else:
+        creds = grpc.ssl_server_credentials([(options.tls_key.read_bytes(), options.tls_cert.read_bytes())])
+        bound = server.add_secure_port(options.listen, creds)
+    if bound == 0:
+        raise OSError(f"--listen: cannot bind {options.listen}")
+    await server.start()
+    await health_servicer.set("cotrain.v1.Coordinator", health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    checkpointer.start()
+
+    address = f"{host}:{bound}"
+    info = dict(address=address, run_id=run_id, dht=visible_maddrs(dht), tls=not options.insecure)
+    atomic_write_bytes(options.state_dir / "coordinator.json", json.dumps(info, indent=1).encode())
+    logger.info("coordinator of run %s listening on %s (%s); DHT at %s", run_id, address,
+                "plaintext" if options.insecure else "TLS", " ".join(info["dht"]))
+    print(f"coordinator listening on {address} run={run_id}", flush=True)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        logger.info("coordinator shutting down")
+        await health_servicer.enter_graceful_shutdown()
+        await server.stop(grace=2.0)
+        checkpointer.stop()
+        checkpointer.join(timeout=30)
+        averager.shutdown()
+        dht.shutdown()
+        store.close()
+        (options.state_dir / "coordinator.json").unlink(missing_ok=True)
+
+
+def _no_compression():
+    from hivemind.compression import NoCompression
+
+    return NoCompression()

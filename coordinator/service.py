@@ -1,0 +1,225 @@
+"""The gRPC ``Coordinator`` service: admission, heartbeats, data, health.
+
+Runs on one asyncio loop; the in-memory view of the nodes is mirrored to the SQLite :class:`Store` before any answer
+leaves, so a restarted coordinator knows every member it had acknowledged.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import grpc
+
+from cotrain.data import Corpus
+from cotrain.protocol import MAX_READ_BYTES, PROTOCOL_VERSION, SUPPORTED_PROTOCOL_VERSIONS
+from cotrain.v1 import coordinator_pb2 as pb
+from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
+
+from cotrain.coordinator.membership import Assignment, NodeView, active_nodes, assign_shards, node_state
+from cotrain.coordinator.store import NodeRecord, Store, hash_secret
+
+logger = logging.getLogger(__name__)
+
+MAX_NAME_LEN = 64
+MAX_TOKEN_LEN = 256
+METRIC_FIELDS = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch",
+                 "partial_rounds", "rounds_completed")
+
+
+@dataclass
+class RunInfo:
+    run_id: str
+    config_toml: str
+    corpus: Corpus
+    heartbeat_interval: float
+    lost_after_missed: int
+    initial_peers: Callable[[], list[str]]
+
+
+@dataclass
+class SwarmSummary:
+    """What the checkpointer learned, for the health view."""
+
+    val_loss: float = math.nan
+    val_bpc: float = math.nan
+    val_round: int = 0
+    latest_checkpoint: str = ""
+    latest_checkpoint_round: int = 0
+    alerts: list[str] = field(default_factory=list)
+
+
+class InvalidField(ValueError):
+    pass
+
+
+def _check_name(name: str) -> str:
+    if not name or len(name) > MAX_NAME_LEN or not name.isprintable():
+        raise InvalidField(f"node_name: must be 1..{MAX_NAME_LEN} printable characters")
+    return name
+
+
+def _metrics_dict(m: pb.NodeMetrics) -> dict:
+    """The metrics as stored; a NaN loss is kept (the health view flags it), a bad rate is refused."""
+    out = {name: getattr(m, name) for name in METRIC_FIELDS}
+    if not math.isfinite(out["samples_per_s"]) or out["samples_per_s"] < 0:
+        raise InvalidField(f"metrics.samples_per_s: must be finite and >= 0, got {out['samples_per_s']}")
+    return out
+
+
+class CoordinatorService(pb_grpc.CoordinatorServicer):
+    def __init__(self, store: Store, run: RunInfo, summary: SwarmSummary, clock: Callable[[], float] = time.time):
+        self.store, self.run, self.summary, self.clock = store, run, summary, clock
+        self.nodes: dict[str, NodeRecord] = {n.node_id: n for n in store.load_nodes()}
+        self.assignments: dict[str, Assignment] = {}
+        self.sent: dict[str, Assignment] = {}  # the assignment each node was last told
+        self.assignment_reason = ""
+        self._reassign()
+
+    # ---- helpers -------------------------------------------------------------------------------------------------
+    def _views(self) -> list[NodeView]:
+        return [NodeView(n.node_id, n.name, n.joined, n.last_seen, n.left, float(n.metrics.get("samples_per_s", 0.0)),
+                         float(n.metrics.get("loss", math.nan))) for n in self.nodes.values()]
+
+    def _reassign(self) -> None:
+        active = active_nodes(self.clock(), self._views(), self.run.heartbeat_interval, self.run.lost_after_missed)
+        train = self.run.corpus.train
+        new, reason = assign_shards([n.node_id for n in active], train.start, train.end)
+        if new != self.assignments:
+            logger.info("data assignment: %s", reason)
+        self.assignments, self.assignment_reason = new, reason
+
+    def _assignment_pb(self, node_id: str) -> pb.DataAssignment:
+        a = self.assignments.get(node_id)
+        self.sent[node_id] = a
+        if a is None:
+            return pb.DataAssignment()
+        return pb.DataAssignment(shard_index=a.shard_index, num_shards=a.num_shards, start=a.start, end=a.end,
+                                 seed=int(node_id[:8], 16))
+
+    async def _session(self, node_id: str, session: str, context) -> NodeRecord:
+        node = self.nodes.get(node_id)
+        if node is None or not session or not secrets.compare_digest(node.session_hash, hash_secret(session)):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown node_id or wrong session: join first")
+        return node
+
+    # ---- RPCs ----------------------------------------------------------------------------------------------------
+    async def Join(self, request: pb.JoinRequest, context) -> pb.JoinResponse:
+        if len(request.token) > MAX_TOKEN_LEN:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"token: longer than {MAX_TOKEN_LEN} characters")
+        record = self.store.find_token(request.token) if request.token else None
+        if record is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "token: missing or not valid for this coordinator")
+        ok, why = record.usable(self.clock())
+        if not ok:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"token: {why}")
+        if request.protocol_version not in SUPPORTED_PROTOCOL_VERSIONS:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"protocol_version {request.protocol_version} is not supported; this coordinator speaks "
+                f"{', '.join(map(str, SUPPORTED_PROTOCOL_VERSIONS))}")
+        try:
+            name = _check_name(request.node_name)
+            if request.node_id and (len(request.node_id) != 32 or any(c not in "0123456789abcdef"
+                                                                       for c in request.node_id)):
+                raise InvalidField("node_id: must be the 32 hex characters a coordinator handed out, or empty")
+        except InvalidField as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        now = self.clock()
+        session = secrets.token_urlsafe(24)
+        caps = request.capabilities
+        capabilities = dict(cpus=caps.cpus, gpus=caps.gpus, memory_bytes=caps.memory_bytes,
+                            bandwidth_bps=caps.bandwidth_bps)
+        previous = self.nodes.get(request.node_id) if request.node_id else None
+        if previous is not None and previous.token_name == record.name:
+            node = previous
+            node.session_hash, node.last_seen, node.left, node.capabilities = hash_secret(session), now, False, capabilities
+            node.name = name
+            logger.info("node %s (%s) rejoined", name, node.node_id[:8])
+        else:
+            node = NodeRecord(uuid.uuid4().hex, name, record.name, hash_secret(session), now, now, False, capabilities, {})
+            logger.info("node %s (%s) joined with token %r", name, node.node_id[:8], record.name)
+        self.nodes[node.node_id] = node
+        self.store.save_node(node)
+        self._reassign()
+        corpus = self.run.corpus
+        return pb.JoinResponse(
+            node_id=node.node_id, session=session,
+            run=pb.RunSpec(run_id=self.run.run_id, config_toml=self.run.config_toml, corpus_sha256=corpus.sha256,
+                           train_bytes=corpus.train.size, val_bytes=corpus.val.size),
+            initial_peers=self.run.initial_peers(), assignment=self._assignment_pb(node.node_id),
+            heartbeat_interval_s=self.run.heartbeat_interval)
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
+        node = await self._session(request.node_id, request.session, context)
+        try:
+            metrics = _metrics_dict(request.metrics)
+        except InvalidField as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        was_active = not node.left and self.clock() - node.last_seen <= self.run.heartbeat_interval * self.run.lost_after_missed
+        node.last_seen, node.metrics = self.clock(), metrics
+        self.store.record_heartbeat(node)
+        if node.left:
+            return pb.HeartbeatResponse(command=pb.DRAIN, reason="this node left the swarm; join again")
+        if not was_active:
+            self._reassign()  # a lost node came back
+        changed = self.sent.get(node.node_id) != self.assignments.get(node.node_id)
+        assignment = self._assignment_pb(node.node_id)
+        return pb.HeartbeatResponse(command=pb.REASSIGN if changed else pb.CONTINUE, assignment=assignment,
+                                    reason=self.assignment_reason)
+
+    async def Leave(self, request: pb.LeaveRequest, context) -> pb.LeaveResponse:
+        node = await self._session(request.node_id, request.session, context)
+        node.left, node.last_seen = True, self.clock()
+        self.store.save_node(node)
+        logger.info("node %s (%s) left: %s", node.name, node.node_id[:8], request.reason[:200] or "no reason given")
+        self._reassign()
+        return pb.LeaveResponse()
+
+    async def ReadData(self, request: pb.ReadDataRequest, context) -> pb.DataChunk:
+        await self._session(request.node_id, request.session, context)
+        if request.split not in ("train", "val"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"split: must be 'train' or 'val', got {request.split!r}")
+        if request.length == 0 or request.length > MAX_READ_BYTES:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"length: must be in 1..{MAX_READ_BYTES}")
+        split = self.run.corpus.split(request.split)
+        if not split.start <= request.offset < split.end:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE,
+                                f"offset: {request.offset} is outside the {request.split} split [{split.start}, {split.end})")
+        length = min(request.length, split.end - request.offset)
+        return pb.DataChunk(data=self.run.corpus.read(request.offset, length), offset=request.offset)
+
+    async def GetSwarmHealth(self, request: pb.GetSwarmHealthRequest, context) -> pb.SwarmHealth:
+        return self.health()
+
+    def health(self) -> pb.SwarmHealth:
+        now = self.clock()
+        self._reassign()  # lost nodes give their data back
+        views = self._views()
+        rows, alerts = [], list(self.summary.alerts)
+        totals = pb.SwarmTotals(val_loss=self.summary.val_loss, val_bpc=self.summary.val_bpc,
+                                val_round=self.summary.val_round, latest_checkpoint=self.summary.latest_checkpoint,
+                                latest_checkpoint_round=self.summary.latest_checkpoint_round)
+        for view, node in zip(views, self.nodes.values()):
+            state, reason = node_state(now, view, views, self.run.heartbeat_interval, self.run.lost_after_missed)
+            m = pb.NodeMetrics(**{k: v for k, v in node.metrics.items() if k in METRIC_FIELDS})
+            rows.append(pb.NodeHealth(node_id=node.node_id, node_name=node.name, state=state, metrics=m,
+                                      last_seen_unix=node.last_seen, joined_unix=node.joined, reason=reason))
+            if state in ("healthy", "straggler"):
+                totals.nodes_online += 1
+                totals.samples_per_s += m.samples_per_s
+            if state == "straggler":
+                alerts.append(f"{node.name}: {reason}: straggler")
+            totals.global_round = max(totals.global_round, m.round)
+            totals.samples_total = max(totals.samples_total, m.samples_total)
+            totals.bytes_sent += m.bytes_sent
+            totals.bytes_received += m.bytes_received
+        return pb.SwarmHealth(run_id=self.run.run_id, nodes=rows, totals=totals, alerts=alerts, now_unix=now)
+
+    def global_round(self) -> int:
+        return max((int(n.metrics.get("round", 0)) for n in self.nodes.values()), default=0)

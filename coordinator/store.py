@@ -1,0 +1,191 @@
+"""The coordinator's durable state: one SQLite file in the state dir.
+
+Everything the coordinator acknowledges is committed before the answer leaves: tokens, members, assignments,
+checkpoints and evaluations. Heartbeat metrics are written on every heartbeat too (WAL mode keeps that cheap), and a
+history row is kept at most every ``history_every_s`` per node for the curves. A restarted coordinator reads it all
+back and carries on.
+
+Each thread gets its own connection (SQLite connections are not shared across threads).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (
+    name TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, created REAL NOT NULL, expires REAL, revoked INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS nodes (
+    node_id TEXT PRIMARY KEY, name TEXT NOT NULL, token_name TEXT NOT NULL, session_hash TEXT NOT NULL,
+    joined REAL NOT NULL, last_seen REAL NOT NULL, left INTEGER NOT NULL, capabilities TEXT NOT NULL,
+    metrics TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS history (
+    time REAL NOT NULL, node_id TEXT NOT NULL, metrics TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS history_time ON history (time);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    round INTEGER NOT NULL, path TEXT NOT NULL, sha256 TEXT NOT NULL, created REAL NOT NULL,
+    samples_total INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS evals (
+    time REAL NOT NULL, round INTEGER NOT NULL, val_loss REAL NOT NULL, val_bpc REAL NOT NULL, bytes INTEGER NOT NULL
+);
+"""
+
+TOKEN_PREFIX = "ct_"
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass
+class NodeRecord:
+    node_id: str
+    name: str
+    token_name: str
+    session_hash: str
+    joined: float
+    last_seen: float
+    left: bool = False
+    capabilities: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    name: str
+    created: float
+    expires: Optional[float]
+    revoked: bool
+
+    def usable(self, now: float) -> tuple[bool, str]:
+        if self.revoked:
+            return False, f"token {self.name!r} was revoked"
+        if self.expires is not None and now >= self.expires:
+            return False, f"token {self.name!r} expired"
+        return True, "ok"
+
+
+class Store:
+    def __init__(self, state_dir: Path, history_every_s: float = 5.0):
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.state_dir / "coordinator.sqlite"
+        self.history_every_s = history_every_s
+        self._local = threading.local()
+        self._last_history: dict[str, float] = {}
+        with self._conn() as conn:
+            conn.executescript(SCHEMA)
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30.0)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    # ---- meta ----------------------------------------------------------------------------------------------------
+    def get_meta(self, key: str) -> Optional[str]:
+        row = self._conn().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._conn() as conn:
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    # ---- tokens --------------------------------------------------------------------------------------------------
+    def create_token(self, name: str, expires: Optional[float] = None) -> str:
+        token = TOKEN_PREFIX + secrets.token_urlsafe(24)
+        try:
+            with self._conn() as conn:
+                conn.execute("INSERT INTO tokens (name, hash, created, expires, revoked) VALUES (?, ?, ?, ?, 0)",
+                             (name, hash_secret(token), time.time(), expires))
+        except sqlite3.IntegrityError:
+            raise ValueError(f"a token named {name!r} exists already; revoke it or pick another name") from None
+        return token
+
+    def revoke_token(self, name: str) -> bool:
+        with self._conn() as conn:
+            return conn.execute("UPDATE tokens SET revoked = 1 WHERE name = ?", (name,)).rowcount > 0
+
+    def list_tokens(self) -> list[TokenRecord]:
+        rows = self._conn().execute("SELECT name, created, expires, revoked FROM tokens ORDER BY created").fetchall()
+        return [TokenRecord(name, created, expires, bool(revoked)) for name, created, expires, revoked in rows]
+
+    def find_token(self, token: str) -> Optional[TokenRecord]:
+        row = self._conn().execute("SELECT name, created, expires, revoked FROM tokens WHERE hash = ?",
+                                   (hash_secret(token),)).fetchone()
+        return TokenRecord(row[0], row[1], row[2], bool(row[3])) if row else None
+
+    # ---- nodes ---------------------------------------------------------------------------------------------------
+    def save_node(self, node: NodeRecord) -> None:
+        with self._conn() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO nodes (node_id, name, token_name, session_hash, joined, last_seen, left, "
+                "capabilities, metrics) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (node.node_id, node.name, node.token_name, node.session_hash, node.joined, node.last_seen,
+                 int(node.left), json.dumps(node.capabilities), json.dumps(node.metrics)))
+
+    def record_heartbeat(self, node: NodeRecord) -> None:
+        with self._conn() as conn:
+            conn.execute("UPDATE nodes SET last_seen = ?, metrics = ? WHERE node_id = ?",
+                         (node.last_seen, json.dumps(node.metrics), node.node_id))
+            if node.last_seen - self._last_history.get(node.node_id, 0.0) >= self.history_every_s:
+                self._last_history[node.node_id] = node.last_seen
+                conn.execute("INSERT INTO history (time, node_id, metrics) VALUES (?, ?, ?)",
+                             (node.last_seen, node.node_id, json.dumps(node.metrics)))
+
+    def load_nodes(self) -> list[NodeRecord]:
+        rows = self._conn().execute(
+            "SELECT node_id, name, token_name, session_hash, joined, last_seen, left, capabilities, metrics "
+            "FROM nodes ORDER BY joined").fetchall()
+        return [NodeRecord(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), json.loads(r[7]), json.loads(r[8]))
+                for r in rows]
+
+    def history(self, since: float = 0.0) -> list[tuple[float, str, dict]]:
+        rows = self._conn().execute("SELECT time, node_id, metrics FROM history WHERE time >= ? ORDER BY time",
+                                    (since,)).fetchall()
+        return [(t, n, json.loads(m)) for t, n, m in rows]
+
+    # ---- checkpoints and evaluations -----------------------------------------------------------------------------
+    def add_checkpoint(self, round_number: int, path: str, sha256: str, samples_total: int) -> None:
+        with self._conn() as conn:
+            conn.execute("INSERT INTO checkpoints (round, path, sha256, created, samples_total) VALUES (?, ?, ?, ?, ?)",
+                         (round_number, path, sha256, time.time(), samples_total))
+
+    def checkpoints(self) -> list[tuple[int, str, str, float, int]]:
+        """(round, path, sha256, created, samples_total), newest first."""
+        return self._conn().execute(
+            "SELECT round, path, sha256, created, samples_total FROM checkpoints ORDER BY created DESC").fetchall()
+
+    def remove_checkpoint(self, path: str) -> None:
+        with self._conn() as conn:
+            conn.execute("DELETE FROM checkpoints WHERE path = ?", (path,))
+
+    def add_eval(self, round_number: int, val_loss: float, val_bpc: float, nbytes: int) -> None:
+        with self._conn() as conn:
+            conn.execute("INSERT INTO evals (time, round, val_loss, val_bpc, bytes) VALUES (?, ?, ?, ?, ?)",
+                         (time.time(), round_number, val_loss, val_bpc, nbytes))
+
+    def evals(self) -> list[tuple[float, int, float, float, int]]:
+        return self._conn().execute("SELECT time, round, val_loss, val_bpc, bytes FROM evals ORDER BY time").fetchall()

@@ -1,0 +1,122 @@
+"""The node's side of the control plane: a thin, retrying client of the coordinator's gRPC service."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from typing import Callable, Optional, TypeVar
+
+import grpc
+
+from cotrain.protocol import MAX_READ_BYTES, PROTOCOL_VERSION, open_channel
+from cotrain.v1 import coordinator_pb2 as pb
+from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: errors worth retrying: the coordinator is restarting or the link dropped
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+class JoinRefused(Exception):
+    """The coordinator answered, and said no (bad token, unsupported protocol, bad field)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self.code, self.details = code, details
+
+
+class CoordinatorUnavailable(Exception):
+    pass
+
+
+class CoordinatorClient:
+    def __init__(self, address: str, insecure: bool, ca_path: Optional[str] = None, rpc_timeout: float = 10.0):
+        self.address = address
+        self.channel = open_channel(address, insecure, ca_path)
+        self.stub = pb_grpc.CoordinatorStub(self.channel)
+        self.rpc_timeout = rpc_timeout
+        self.node_id = ""
+        self.session = ""
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def _retry(self, call: Callable[[], T], what: str, give_up_after: float, stop: Optional[threading.Event] = None) -> T:
+        """Retry with exponential backoff and jitter while the coordinator is unreachable."""
+        deadline = time.monotonic() + give_up_after
+        delay = 0.5
+        while True:
+            try:
+                return call()
+            except grpc.RpcError as e:
+                if e.code() not in RETRYABLE:
+                    raise
+                if time.monotonic() + delay > deadline or (stop is not None and stop.is_set()):
+                    raise CoordinatorUnavailable(f"{what}: coordinator at {self.address} unreachable: "
+                                                 f"{e.code().name} {e.details()}") from None
+                logger.info("%s: coordinator unreachable (%s); retrying in %.1fs", what, e.code().name, delay)
+                if stop is not None:
+                    stop.wait(delay)
+                else:
+                    time.sleep(delay)
+                delay = min(delay * 2, 10.0) * random.uniform(0.8, 1.2)
+
+    def join(self, token: str, node_name: str, node_id: str = "", give_up_after: float = 60.0,
+             protocol_version: int = PROTOCOL_VERSION) -> pb.JoinResponse:
+        request = pb.JoinRequest(
+            token=token, node_name=node_name, protocol_version=protocol_version, node_id=node_id,
+            capabilities=pb.Capabilities(cpus=os.cpu_count() or 1, gpus=_gpu_count(), memory_bytes=_memory_bytes()))
+        try:
+            response = self._retry(lambda: self.stub.Join(request, timeout=self.rpc_timeout), "join", give_up_after)
+        except grpc.RpcError as e:
+            raise JoinRefused(e.code(), e.details()) from None
+        self.node_id, self.session = response.node_id, response.session
+        return response
+
+    def heartbeat(self, metrics: pb.NodeMetrics) -> pb.HeartbeatResponse:
+        request = pb.HeartbeatRequest(node_id=self.node_id, session=self.session, metrics=metrics)
+        return self.stub.Heartbeat(request, timeout=self.rpc_timeout)
+
+    def leave(self, reason: str) -> None:
+        self.stub.Leave(pb.LeaveRequest(node_id=self.node_id, session=self.session, reason=reason),
+                        timeout=self.rpc_timeout)
+
+    def read(self, split: str, offset: int, length: int, stop: Optional[threading.Event] = None) -> bytes:
+        """Bytes of the corpus; waits (with backoff, up to 10 minutes) while the coordinator is away."""
+        out = bytearray()
+        while len(out) < length:
+            want = min(length - len(out), MAX_READ_BYTES)
+            request = pb.ReadDataRequest(node_id=self.node_id, session=self.session, split=split,
+                                         offset=offset + len(out), length=want)
+            chunk = self._retry(lambda: self.stub.ReadData(request, timeout=self.rpc_timeout), "read data", 600.0,
+                                stop)
+            if not chunk.data:
+                break
+            out += chunk.data
+        return bytes(out)
+
+    def health(self) -> pb.SwarmHealth:
+        return self.stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=self.rpc_timeout)
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0

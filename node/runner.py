@@ -1,0 +1,275 @@
+"""``cotrain node join``: a volunteer's node from join to leave.
+
+join (gRPC) -> build the run's model -> start a DHT peer and the DiLoCo averager (main thread) -> download the
+swarm's current state (warm start) -> train on the assigned data, averaging each round -> heartbeat all along ->
+on Ctrl-C, SIGTERM or a DRAIN command: Leave, shut the averager down before the DHT, exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch.nn import functional as F
+
+from cotrain.averaging import DiLoCo, start_dht
+from cotrain.checkpoint import atomic_write_bytes, save_checkpoint
+from cotrain.config import RunConfig
+from cotrain.data import StreamBatches
+from cotrain.models import build_model, count_parameters
+from cotrain.v1 import coordinator_pb2 as pb
+
+from cotrain.node.client import CoordinatorClient
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeOptions:
+    coordinator: str
+    token: str
+    name: str
+    insecure: bool = False
+    ca: Optional[str] = None
+    #: keeps this node's identity (node id, DHT key) so that a restart resumes as the same node
+    state_dir: Optional[Path] = None
+    #: stop after this many local steps / averaging rounds / seconds (0: run until stopped)
+    max_steps: int = 0
+    max_rounds: int = 0
+    duration: float = 0.0
+    #: torch threads for training (0: torch's default)
+    threads: int = 0
+    #: address the node's DHT peer listens on; client mode makes only outgoing connections (behind NAT)
+    dht_host: str = "127.0.0.1"
+    client_mode: bool = False
+    log_every_s: float = 10.0
+    state_download_timeout: float = 30.0
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class Metrics:
+    """What the heartbeat reports, updated by the training loop."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.step = 0
+        self.loss = math.nan
+        self.samples_total = 0
+        self.samples_per_s = 0.0
+        self.epoch = 0
+        self._window: list[tuple[float, int]] = []
+
+    def update(self, loss: float, samples: int, epoch: int) -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.step += 1
+            self.samples_total += samples
+            self.epoch = epoch
+            if math.isfinite(loss):
+                self.loss = loss if not math.isfinite(self.loss) else 0.9 * self.loss + 0.1 * loss
+            self._window.append((now, self.samples_total))
+            while len(self._window) > 2 and now - self._window[0][0] > 20.0:
+                self._window.pop(0)
+            (t0, s0), (t1, s1) = self._window[0], self._window[-1]
+            self.samples_per_s = (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+class Node:
+    def __init__(self, options: NodeOptions):
+        self.options = options
+        self.stop = threading.Event()
+        self.stop_reason = ""
+        self.client = CoordinatorClient(options.coordinator, options.insecure, options.ca)
+        self.metrics = Metrics()
+        self.pending_assignment: Optional[pb.DataAssignment] = None
+        self.diloco: Optional[DiLoCo] = None
+
+    # ---- identity ------------------------------------------------------------------------------------------------
+    def _identity_file(self) -> Optional[Path]:
+        return self.options.state_dir / "node.json" if self.options.state_dir else None
+
+    def _saved_node_id(self) -> str:
+        path = self._identity_file()
+        if path and path.exists():
+            try:
+                return json.loads(path.read_text()).get(self.options.coordinator, "")
+            except (OSError, ValueError):
+                return ""
+        return ""
+
+    def _save_node_id(self, node_id: str) -> None:
+        path = self._identity_file()
+        if path:
+            saved = json.loads(path.read_text()) if path.exists() else {}
+            saved[self.options.coordinator] = node_id
+            atomic_write_bytes(path, json.dumps(saved).encode())
+
+    # ---- signals -------------------------------------------------------------------------------------------------
+    def _install_signal_handlers(self) -> None:
+        def handler(signum, _frame):
+            self.request_stop(f"received {signal.Signals(signum).name}")
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    def request_stop(self, reason: str) -> None:
+        if not self.stop.is_set():
+            self.stop_reason = reason
+            logger.info("stopping: %s", reason)
+        self.stop.set()
+
+    # ---- main ----------------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        self._install_signal_handlers()
+        opts = self.options
+        response = self.client.join(opts.token, opts.name, node_id=self._saved_node_id())
+        self._save_node_id(response.node_id)
+        cfg = RunConfig.from_toml(response.run.config_toml, origin="run config from the coordinator")
+        logger.info("joined run %s as %s (node %s); %d initial peers", response.run.run_id, opts.name,
+                    response.node_id[:8], len(response.initial_peers))
+        if opts.threads:
+            torch.set_num_threads(opts.threads)
+        device = pick_device(cfg.device)
+        torch.manual_seed(cfg.run.seed)  # same initial weights on every node of the run
+        model = build_model(cfg.model).to(device)
+        logger.info("model %s with %d parameters on %s", cfg.model.kind, count_parameters(model), device)
+
+        identity = str(opts.state_dir / "dht.key") if opts.state_dir else None
+        if opts.state_dir:
+            opts.state_dir.mkdir(parents=True, exist_ok=True)
+        dht = start_dht(response.initial_peers, host=opts.dht_host, client_mode=opts.client_mode,
+                        identity_path=identity)
+        heartbeat = threading.Thread(target=self._heartbeat_loop, args=(response.heartbeat_interval_s,),
+                                     name="heartbeat", daemon=True)
+        try:
+            self.diloco = DiLoCo(model, dht, response.run.run_id, cfg.averaging, cfg.compression,
+                                 peer_id=str(dht.peer_id), client_mode=opts.client_mode)
+            self._install_signal_handlers()  # hivemind may have replaced them
+            if self.diloco.load_state_from_peers(timeout=opts.state_download_timeout):
+                logger.info("warm start: downloaded the swarm's state at round %d", self.diloco.round)
+            else:
+                logger.info("no peer has state yet: starting from the run's initial weights")
+            heartbeat.start()
+            self._train(model, cfg, device, response.assignment)
+        finally:
+            self.stop.set()
+            if heartbeat.is_alive():
+                heartbeat.join(timeout=5)
+            try:
+                self.client.leave(self.stop_reason or "done")
+            except Exception as e:
+                logger.warning("could not tell the coordinator we leave: %s", e)
+            if self.diloco is not None:
+                self._save_last(cfg)
+                self.diloco.shutdown()  # the averager before the DHT
+            dht.shutdown()
+            self.client.close()
+
+    def _train(self, model, cfg: RunConfig, device, assignment: pb.DataAssignment) -> None:
+        data, opt_cfg = cfg.data, cfg.optimizer
+        optimizer = torch.optim.AdamW(model.parameters(), lr=opt_cfg.lr, betas=opt_cfg.betas,
+                                      weight_decay=opt_cfg.weight_decay)
+
+        def read(offset: int, length: int) -> bytes:
+            return self.client.read("train", offset, length, stop=self.stop)
+
+        batches = StreamBatches(read, assignment.start, assignment.end, data.batch_size, data.seq_len)
+        state = None
+        started, last_log = time.monotonic(), time.monotonic()
+        while not self.stop.is_set():
+            if self.pending_assignment is not None:
+                a, self.pending_assignment = self.pending_assignment, None
+                batches = StreamBatches(read, a.start, a.end, data.batch_size, data.seq_len)
+                state = None
+                logger.info("new data assignment: shard %d of %d, bytes [%d, %d)", a.shard_index, a.num_shards,
+                            a.start, a.end)
+            x, y, new_epoch = batches.next_batch()
+            if new_epoch:
+                state = None
+            if self.stop.is_set():
+                break
+            lr = _lr_at(self.metrics.step, opt_cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            logits, state = model(x.to(device), state)
+            loss = F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten())
+            optimizer.zero_grad(set_to_none=True)
+            value = loss.item()
+            if math.isfinite(value):
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.grad_clip)
+                optimizer.step()
+            else:
+                logger.warning("step %d: loss is %s; update dropped", self.metrics.step, value)
+            state = model.detach_state(state)
+            self.metrics.update(value, data.batch_size, batches.epoch)
+            self.diloco.after_inner_step(data.batch_size)
+            now = time.monotonic()
+            if now - last_log >= self.options.log_every_s:
+                last_log = now
+                s = self.diloco.stats
+                logger.info("step %d round %d loss %.3f %.1f samples/s group %d (%s)", self.metrics.step,
+                            self.diloco.round, self.metrics.loss, self.metrics.samples_per_s, s.last_group_size,
+                            s.last_reason)
+            if self.options.max_rounds and self.diloco.round >= self.options.max_rounds:
+                self.request_stop(f"reached --max-rounds {self.options.max_rounds}")
+            if self.options.max_steps and self.metrics.step >= self.options.max_steps:
+                self.request_stop(f"reached --max-steps {self.options.max_steps}")
+            if self.options.duration and now - started >= self.options.duration:
+                self.request_stop(f"ran for --duration {self.options.duration:g}s")
+
+    def _save_last(self, cfg: RunConfig) -> None:
+        """Keep the node's copy of the shared model (``STATE_DIR/last.safetensors``) for a later resume."""
+        if not self.options.state_dir:
+            return
+        d = self.diloco
+        save_checkpoint(self.options.state_dir / "last.safetensors", d.state_dict(),
+                        dict(run_id=d.run_id, round=d.round, samples_total=d.samples_total,
+                             config_toml=cfg.to_toml(), rounds=d.stats.history, time=time.time()))
+
+    def node_metrics(self) -> pb.NodeMetrics:
+        m, s = self.metrics, self.diloco.stats
+        with m.lock:
+            return pb.NodeMetrics(step=m.step, round=self.diloco.round, loss=m.loss, samples_per_s=m.samples_per_s,
+                                  bytes_sent=s.bytes_sent, bytes_received=s.bytes_received,
+                                  samples_total=self.diloco.samples_total, epoch=m.epoch,
+                                  partial_rounds=s.partial_rounds, rounds_completed=s.rounds_completed)
+
+    def _heartbeat_loop(self, interval: float) -> None:
+        unreachable_since = None
+        while not self.stop.wait(interval):
+            try:
+                response = self.client.heartbeat(self.node_metrics())
+            except Exception as e:  # keep training while the coordinator is away; the swarm does not need it
+                if unreachable_since is None:
+                    unreachable_since = time.monotonic()
+                    logger.warning("heartbeat failed (%s); training on and retrying", getattr(e, "code", lambda: e)())
+                continue
+            if unreachable_since is not None:
+                logger.info("coordinator reachable again after %.0fs", time.monotonic() - unreachable_since)
+                unreachable_since = None
+            if response.command == pb.DRAIN:
+                self.request_stop(f"coordinator asked to drain: {response.reason}")
+            elif response.command == pb.REASSIGN and response.assignment.end > response.assignment.start:
+                self.pending_assignment = response.assignment
+
+
+def _lr_at(step: int, cfg) -> float:
+    if not cfg.decay_steps:
+        return cfg.lr
+    t = min(1.0, step / cfg.decay_steps)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t))

@@ -1,0 +1,3 @@
+from cotrain.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""Round bookkeeping over the DHT, and the pure decision of when a round ends.
+
+Each node publishes a small progress record (round, local steps and samples in the round, phase) under one DHT key,
+one subkey per peer, every ``progress_interval`` seconds; records expire after three intervals, so a dead node
+stops counting within seconds. Every node reads all records and calls :func:`round_decision`, a pure function of
+(now, own progress, peers' progress, rules) that returns what to do and why. The reason is logged and reported
+in heartbeats, so an operator can read why a round waited or why a node resynchronised.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+from typing import Iterable, Optional
+
+from hivemind.dht import DHT
+from hivemind.utils import ValueWithExpiration, get_dht_time
+
+
+class Action(enum.Enum):
+    TRAIN = "train"  # keep taking local steps
+    AVERAGE = "average"  # end the round: average the pseudo-gradients with the peers at this round
+    RESYNC = "resync"  # a peer is ahead: download the shared state before going on
+
+
+@dataclass(frozen=True)
+class PeerProgress:
+    peer_id: str
+    round: int
+    steps: int  # local steps taken in this round
+    samples: int  # samples trained on in this round
+    phase: str = "train"  # "train" or "average"
+    mid_round: bool = False  # joined (or resynchronised) after this round began: not waited for
+    time: float = 0.0  # DHT time of the record
+
+    def to_record(self) -> dict:
+        record = asdict(self)
+        record.pop("peer_id")
+        return record
+
+    @classmethod
+    def from_record(cls, peer_id: str, record: dict) -> Optional["PeerProgress"]:
+        try:
+            return cls(peer_id=peer_id, round=int(record["round"]), steps=int(record["steps"]),
+                       samples=int(record["samples"]), phase=str(record.get("phase", "train")),
+                       mid_round=bool(record.get("mid_round", False)), time=float(record["time"]))
+        except (KeyError, TypeError, ValueError):
+            return None  # a malformed record from a buggy or hostile peer is ignored
+
+
+@dataclass(frozen=True)
+class RoundRules:
+    inner_steps: int  # H
+    round_wait: float  # seconds to keep training past H while slower peers catch up
+    stale_after: float  # a record older than this is a peer that is gone
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+
+
+def live_peers(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules) -> list[PeerProgress]:
+    return [p for p in peers if p.peer_id != me.peer_id and now - p.time <= rules.stale_after]
+
+
+def round_decision(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules,
+                   reached_h_at: Optional[float] = None) -> Decision:
+    """What a node should do after a local step.
+
+    ``reached_h_at``: when this node took its H-th step of the round (None while it has not).
+    """
+    live = live_peers(now, me, peers, rules)
+    ahead = [p for p in live if p.round > me.round]
+    if ahead:
+        lead = max(ahead, key=lambda p: p.round)
+        return Decision(Action.RESYNC, f"peer {lead.peer_id[-8:]} is at round {lead.round}, we are at {me.round}")
+    same = [p for p in live if p.round == me.round]
+    averaging = [p for p in same if p.phase == "average"]
+    if averaging and me.steps > 0:
+        return Decision(Action.AVERAGE, f"peer {averaging[0].peer_id[-8:]} began averaging round {me.round}")
+    if me.steps < rules.inner_steps:
+        return Decision(Action.TRAIN, f"{me.steps}/{rules.inner_steps} local steps")
+    if not live:
+        return Decision(Action.AVERAGE, f"reached {rules.inner_steps} steps alone in the swarm")
+    # peers behind us resynchronise to our round (and are then not waited for); peers here are waited for
+    waiting_on = [p for p in live if p.round < me.round or (not p.mid_round and p.steps < rules.inner_steps)]
+    if not waiting_on:
+        return Decision(Action.AVERAGE, f"all {len(same) + 1} peers at round {me.round} reached their steps")
+    waited = now - (reached_h_at if reached_h_at is not None else now)
+    if waited >= rules.round_wait:
+        return Decision(Action.AVERAGE, f"waited {waited:.0f}s for {len(waiting_on)} slower peer(s): averaging without")
+    names = ", ".join(p.peer_id[-8:] for p in waiting_on[:3])
+    return Decision(Action.TRAIN, f"waiting for {len(waiting_on)} slower peer(s) ({names}) to reach round's end")
+
+
+class ProgressBoard:
+    """Publishes this node's progress and reads everyone's, on one DHT key."""
+
+    def __init__(self, dht: DHT, key: str, ttl: float):
+        self.dht, self.key, self.ttl = dht, key, ttl
+
+    def publish(self, progress: PeerProgress) -> None:
+        record = progress.to_record()
+        record["time"] = get_dht_time()
+        self.dht.store(self.key, subkey=progress.peer_id, value=record,
+                       expiration_time=get_dht_time() + self.ttl, return_future=True)
+
+    def read(self, timeout: float = 5.0) -> list[PeerProgress]:
+        try:
+            found = self.dht.get(self.key, latest=True, return_future=True).result(timeout=timeout)
+        except Exception:  # a DHT that cannot answer now is the same as no news
+            return []
+        if found is None or not isinstance(found.value, dict):
+            return []
+        out = []
+        for subkey, item in found.value.items():
+            if isinstance(item, ValueWithExpiration) and isinstance(item.value, dict):
+                parsed = PeerProgress.from_record(str(subkey), item.value)
+                if parsed is not None:
+                    out.append(parsed)
+        return out

@@ -1,0 +1,97 @@
+"""Checkpoints of the shared model: safetensors files written atomically and verified by hash when loaded.
+
+A checkpoint holds the global (averaged) parameters and the outer optimizer's state, plus metadata: the run
+config as TOML, the round, and the number of samples the swarm has trained on. Writing goes to a temporary file in
+the same folder, is fsynced, then renamed over the final name, and the folder is fsynced: a crash leaves either
+the old file or the new one, never half of one. A ``.sha256`` file beside it lets a reader detect corruption.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, corrupt or not a cotrain checkpoint; the message names the path."""
+
+
+@dataclass
+class Checkpoint:
+    tensors: dict[str, torch.Tensor]
+    metadata: dict
+
+    @property
+    def round(self) -> int:
+        return int(self.metadata.get("round", 0))
+
+    @property
+    def config_toml(self) -> str:
+        return self.metadata.get("config_toml", "")
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return {k[len("model."):]: v for k, v in self.tensors.items() if k.startswith("model.")}
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], metadata: dict) -> str:
+    """Write atomically; returns the file's sha256 (also written beside it as ``<name>.sha256``)."""
+    data = st_save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                   metadata={"cotrain": json.dumps(metadata, sort_keys=True)})
+    digest = hashlib.sha256(data).hexdigest()
+    atomic_write_bytes(Path(path), data)
+    atomic_write_bytes(Path(str(path) + ".sha256"), (digest + "\n").encode())
+    return digest
+
+
+def load_checkpoint(path: Path, expected_sha256: str | None = None) -> Checkpoint:
+    """Read and verify a checkpoint: against ``expected_sha256`` if given, else against its ``.sha256`` file."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror or e}") from None
+    if expected_sha256 is None:
+        sidecar = Path(str(path) + ".sha256")
+        if sidecar.exists():
+            expected_sha256 = sidecar.read_text().strip()
+    if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
+        raise CheckpointError(f"checkpoint {path} is corrupt: its sha256 does not match the one recorded")
+    try:
+        tensors = st_load(data)
+        header_len = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8: 8 + header_len])
+        metadata = json.loads((header.get("__metadata__") or {}).get("cotrain", "{}"))
+    except Exception as e:  # safetensors raises several types for a malformed file
+        raise CheckpointError(f"checkpoint {path} is not a readable safetensors file: {e}") from None
+    if "config_toml" not in metadata:
+        raise CheckpointError(f"checkpoint {path} is not a cotrain checkpoint (no run config in its metadata)")
+    return Checkpoint(tensors, metadata)

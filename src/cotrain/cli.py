@@ -1,0 +1,160 @@
+"""The ``cotrain`` command. Every failure a user can cause ends in one clear line and an exit code from
+:mod:`cotrain.exit_codes`, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from cotrain.exit_codes import ExitCode
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("hivemind", "asyncio"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from cotrain.coordinator import cli as coordinator_cli
+    from cotrain.node import cli as node_cli
+
+    parser = argparse.ArgumentParser(prog="cotrain", description="Train one neural network together over the internet.")
+    parser.add_argument("--log-level", default=os.environ.get("COTRAIN_LOG_LEVEL", "info"),
+                        choices=("debug", "info", "warning", "error"))
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    node_cli.add_parser(sub)
+    coordinator_cli.add_parser(sub)
+
+    swarm = sub.add_parser("swarm", help="watch a swarm").add_subparsers(dest="swarm_command", metavar="COMMAND",
+                                                                         required=True)
+    status = swarm.add_parser("status", help="a row per node, swarm totals and alerts")
+    status.add_argument("coordinator", metavar="COORDINATOR", help="the coordinator's HOST:PORT")
+    status.add_argument("--format", choices=("table", "json"), default="table")
+    status.add_argument("--watch", action="store_true", help="refresh every --interval seconds until Ctrl-C")
+    status.add_argument("--interval", type=float, default=2.0)
+    node_cli.add_tls_flags(status)
+    status.set_defaults(handler=cmd_swarm_status)
+
+    sample = sub.add_parser("sample", help="generate text from a checkpoint")
+    sample.add_argument("checkpoint", type=Path)
+    sample.add_argument("--prompt", default="\n")
+    sample.add_argument("--length", type=int, default=300)
+    sample.add_argument("--temperature", type=float, default=0.8)
+    sample.add_argument("--seed", type=int, default=None)
+    sample.set_defaults(handler=cmd_sample)
+
+    demo = sub.add_parser("demo", help="a coordinator and nodes on this machine, training together")
+    demo.add_argument("--nodes", type=int, default=3)
+    demo.add_argument("--duration", type=float, default=180.0, help="seconds of training (default 180)")
+    demo.add_argument("--data", default="builtin", help="text file or folder (default: built-in corpus)")
+    demo.add_argument("--workdir", type=Path, default=None, help="where state and checkpoints go (default: a new "
+                                                                 "folder under ./cotrain-demo)")
+    demo.add_argument("--config", type=Path, default=None, help="run config (default: the demo's built-in one)")
+    demo.set_defaults(handler=cmd_demo)
+    return parser
+
+
+def cmd_swarm_status(args) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from cotrain.node.client import CoordinatorClient
+    from cotrain.status import health_json, health_table
+
+    client = CoordinatorClient(args.coordinator, args.insecure, args.ca, rpc_timeout=5.0)
+    try:
+        if args.format == "json" and not args.watch:
+            print(health_json(client.health()))
+        elif not args.watch:
+            Console().print(health_table(client.health()))
+        elif args.format == "json":
+            while True:
+                print(health_json(client.health()), flush=True)
+                time.sleep(args.interval)
+        else:
+            with Live(health_table(client.health()), refresh_per_second=2) as live:
+                while True:
+                    time.sleep(args.interval)
+                    live.update(health_table(client.health()))
+    finally:
+        client.close()
+    return 0
+
+
+def cmd_sample(args) -> int:
+    import torch
+
+    from cotrain.checkpoint import load_checkpoint
+    from cotrain.config import RunConfig
+    from cotrain.models import build_model, generate
+
+    if args.length < 0:
+        raise SystemExit("--length: must be >= 0")
+    if args.temperature < 0:
+        raise SystemExit("--temperature: must be >= 0")
+    ckpt = load_checkpoint(args.checkpoint)
+    cfg = RunConfig.from_toml(ckpt.config_toml, origin=f"{args.checkpoint} (run config)")
+    model = build_model(cfg.model)
+    model.load_state_dict(ckpt.model_state())
+    prompt = args.prompt.encode()
+    out = generate(model, prompt, args.length, args.temperature, seed=args.seed)
+    sys.stdout.write((prompt + out).decode("utf-8", errors="replace") + "\n")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from cotrain.demo import run_demo
+
+    return run_demo(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.log_level)
+    from cotrain.checkpoint import CheckpointError
+    from cotrain.config import ConfigError
+    from cotrain.coordinator.server import StateDirError
+    from cotrain.data import CorpusError
+    from cotrain.node.client import CoordinatorUnavailable, JoinRefused
+    from cotrain.protocol import AddressError
+
+    import grpc
+
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
+    except (ConfigError, CorpusError, CheckpointError) as e:
+        print(f"cotrain: {e}", file=sys.stderr)
+        return ExitCode.CONFIG
+    except AddressError as e:
+        print(f"cotrain: {e}", file=sys.stderr)
+        return ExitCode.USAGE
+    except StateDirError as e:
+        print(f"cotrain: {e}", file=sys.stderr)
+        return ExitCode.STATE
+    except JoinRefused as e:
+        print(f"cotrain: the coordinator refused to admit this node: {e.details}", file=sys.stderr)
+        return ExitCode.PROTOCOL if e.code == grpc.StatusCode.FAILED_PRECONDITION else ExitCode.UNAUTHENTICATED
+    except CoordinatorUnavailable as e:
+        print(f"cotrain: {e}", file=sys.stderr)
+        return ExitCode.UNAVAILABLE
+    except grpc.RpcError as e:
+        print(f"cotrain: the coordinator answered {e.code().name}: {e.details()}", file=sys.stderr)
+        return ExitCode.UNAVAILABLE if e.code() == grpc.StatusCode.UNAVAILABLE else ExitCode.ERROR
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(f"cotrain: {e.code}", file=sys.stderr)
+            return ExitCode.USAGE
+        raise
+    except OSError as e:
+        print(f"cotrain: {e}", file=sys.stderr)
+        return ExitCode.ERROR

@@ -1,0 +1,207 @@
+"""The run config: one TOML file that says what a swarm trains and how.
+
+The coordinator validates it once and hands the validated text to every node in ``JoinResponse.run``, so all nodes
+of a run build the same model, data pipeline, optimizer, averaging and compression. Every field has a built-in
+default (``cotrain demo`` needs no file); an unknown or out-of-range field is a :class:`ConfigError` that names it.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A run config that cannot be used; the message names each bad field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class RunSection(_Section):
+    name: str = Field("cotrain-run", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+
+
+class ModelConfig(_Section):
+    """A byte-level recurrent language model (vocabulary: the 256 byte values)."""
+
+    kind: Literal["lstm", "gru"] = "lstm"
+    embed_dim: int = Field(64, ge=1, le=8192)
+    hidden_size: int = Field(256, ge=1, le=16384)
+    num_layers: int = Field(2, ge=1, le=16)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+
+
+class DataConfig(_Section):
+    #: "builtin" (text every Python install carries: its standard library's source), or a text file or folder
+    source: str = "builtin"
+    #: truncated backpropagation through time: characters per step, hidden state carried across steps
+    seq_len: int = Field(128, ge=2, le=65536)
+    #: parallel streams per node (the local batch)
+    batch_size: int = Field(16, ge=1, le=65536)
+    val_fraction: float = Field(0.1, gt=0.0, lt=0.5)
+    #: cap on the corpus size (bytes) taken from the source, 0 = no cap
+    max_bytes: int = Field(0, ge=0)
+
+
+class OptimizerConfig(_Section):
+    """The inner optimizer every node runs locally (AdamW)."""
+
+    lr: float = Field(3e-3, gt=0.0, le=10.0)
+    min_lr: float = Field(3e-4, ge=0.0, le=10.0)
+    #: cosine decay from lr to min_lr over this many local steps (0 = constant lr)
+    decay_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.99)
+
+
+class AveragingConfig(_Section):
+    """How the swarm turns local progress into one shared model.
+
+    ``diloco`` (Douillard et al. 2023): every node takes about ``inner_steps`` local steps, the swarm averages the
+    pseudo-gradient (round-start parameters minus local parameters, weighted by samples) and every node applies
+    the same outer Nesterov step.
+    """
+
+    strategy: Literal["diloco"] = "diloco"
+    #: H, the mean number of local steps per node between two averaging rounds
+    inner_steps: int = Field(50, ge=1, le=1_000_000)
+    outer_lr: float = Field(0.7, gt=0.0, le=10.0)
+    outer_momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    #: seconds peers wait for each other when forming a group. Longer gathers more stragglers into a round but
+    #: idles the fast ones; on a LAN 2-3 s is plenty, across the internet 5-10 s.
+    matchmaking_time: float = Field(3.0, gt=0.0, le=600.0)
+    #: seconds to wait for a leader's answer while matchmaking; must stay below matchmaking_time
+    request_timeout: float = Field(2.0, gt=0.0, le=600.0)
+    #: seconds an all-reduce may run once the group has formed; a round never waits longer for a missing peer.
+    #: Size it to the model: bytes per peer / upload bandwidth, times 3.
+    allreduce_timeout: float = Field(60.0, gt=0.0, le=3600.0)
+    #: seconds a node keeps training past H steps waiting for slower peers to reach the round's end
+    round_wait: float = Field(30.0, ge=0.0, le=3600.0)
+    #: seconds between two publications of a node's progress on the DHT; peers are considered gone after 3x
+    progress_interval: float = Field(1.0, gt=0.0, le=60.0)
+
+    @model_validator(mode="after")
+    def _timeouts(self) -> "AveragingConfig":
+        if self.request_timeout >= self.matchmaking_time:
+            raise ValueError(
+                f"request_timeout ({self.request_timeout}) must be below matchmaking_time ({self.matchmaking_time})"
+            )
+        return self
+
+
+class CompressionConfig(_Section):
+    """What is sent when averaging. ``none`` sends fp32; ``fp16`` halves the bytes."""
+
+    kind: Literal["none", "fp16"] = "none"
+
+
+class CoordinatorConfig(_Section):
+    heartbeat_interval_s: float = Field(2.0, gt=0.0, le=600.0)
+    #: a node that misses this many heartbeats in a row is marked lost and its data goes back to the pool
+    lost_after_missed: int = Field(5, ge=1, le=1000)
+    #: seconds between two attempts to fetch the swarm's state for a checkpoint
+    checkpoint_interval_s: float = Field(20.0, gt=0.0)
+    #: validation bytes evaluated per checkpoint (0 = the whole validation split)
+    eval_bytes: int = Field(131072, ge=0)
+    keep_checkpoints: int = Field(3, ge=1)
+
+
+class RunConfig(_Section):
+    run: RunSection = RunSection()
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    averaging: AveragingConfig = AveragingConfig()
+    compression: CompressionConfig = CompressionConfig()
+    coordinator: CoordinatorConfig = CoordinatorConfig()
+    #: torch device for training: "cpu", "cuda", "cuda:1", or "auto" (cuda when present)
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
+
+    # ---- loading and dumping -------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], origin: str = "run config") -> "RunConfig":
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(_format_errors(e, origin)) from None
+
+    @classmethod
+    def from_toml(cls, text: str, origin: str = "run config") -> "RunConfig":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{origin}: not valid TOML: {e}") from None
+        return cls.from_dict(data, origin)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RunConfig":
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"cannot read run config {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"run config {path} is not UTF-8 text") from None
+        return cls.from_toml(text, origin=str(path))
+
+    def to_toml(self) -> str:
+        lines: list[str] = []
+        top = self.model_dump(mode="python")
+        for key, value in top.items():
+            if not isinstance(value, dict):
+                lines.append(f"{key} = {_toml_value(value)}")
+        for section, values in top.items():
+            if isinstance(values, dict):
+                lines.append(f"\n[{section}]")
+                lines.extend(f"{k} = {_toml_value(v)}" for k, v in values.items())
+        return "\n".join(lines).lstrip("\n") + "\n"
+
+    def with_overrides(self, **sections: dict[str, Any]) -> "RunConfig":
+        """A copy with some fields replaced, validated again: ``cfg.with_overrides(data={"source": path})``."""
+        data = self.model_dump(mode="python")
+        for section, values in sections.items():
+            if isinstance(values, dict):
+                data.setdefault(section, {}).update(values)
+            else:
+                data[section] = values
+        return RunConfig.from_dict(data)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        return f'"{escaped}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def _format_errors(error: ValidationError, origin: str) -> str:
+    problems = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown field"
+        elif "input" in item and not isinstance(item["input"], dict):
+            message = f"{message} (got {item['input']!r})"
+        problems.append(f"{field}: {message}")
+    return f"{origin}: " + "; ".join(problems)

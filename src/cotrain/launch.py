@@ -1,0 +1,115 @@
+"""Starting and stopping cotrain processes on this machine: for ``cotrain demo``, tests and benches.
+
+Each process runs in its own process group, so stopping it also stops the DHT and averager processes and the
+libp2p daemons it started. Stopping sends SIGTERM (a node leaves cleanly), waits, then kills the group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+class Proc:
+    def __init__(self, name: str, args: Sequence[str], log_path: Path, env: Optional[dict] = None):
+        self.name, self.log_path = name, Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        self.popen = subprocess.Popen([sys.executable, "-m", "cotrain", *args], stdout=self._log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
+                                      start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.popen.pid, sig)
+
+    def stop(self, timeout: float = 30.0) -> Optional[int]:
+        """SIGTERM, wait up to ``timeout``, then SIGKILL the whole group. Returns the exit code."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill_group()
+        code = self.popen.wait()
+        self._log.close()
+        return code
+
+    def kill(self) -> None:
+        """kill -9 the process alone (as a crash would), leaving its children to notice."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait()
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.2, what: str = "condition",
+             procs: Sequence[Proc] = ()):
+    """Poll until ``predicate()`` is truthy; fail early if one of ``procs`` died."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        for p in procs:
+            if not p.alive():
+                raise LaunchError(f"{p.name} exited with code {p.popen.returncode} while waiting for {what}:\n"
+                                  f"{p.log()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise LaunchError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def start_coordinator(state_dir: Path, config: Optional[Path] = None, log_path: Optional[Path] = None,
+                      listen: str = "127.0.0.1:0", extra: Sequence[str] = (), timeout: float = 60.0) -> tuple[Proc, str]:
+    """Start ``cotrain coordinator start --insecure`` and wait until it serves; -> (process, HOST:PORT)."""
+    state_dir = Path(state_dir)
+    info = state_dir / "coordinator.json"
+    info.unlink(missing_ok=True)
+    args = ["coordinator", "start", "--insecure", "--listen", listen, "--state-dir", str(state_dir), *extra]
+    if config is not None:
+        args += ["--config", str(config)]
+    proc = Proc("coordinator", args, log_path or state_dir / "coordinator.log")
+    try:
+        wait_for(info.exists, timeout, what="the coordinator to listen", procs=[proc])
+    except LaunchError:
+        proc.stop(5)
+        raise
+    return proc, json.loads(info.read_text())["address"]
+
+
+def start_node(address: str, token: str, name: str, state_dir: Path, log_path: Optional[Path] = None,
+               extra: Sequence[str] = ()) -> Proc:
+    args = ["node", "join", address, "--token", token, "--name", name, "--insecure", "--state-dir", str(state_dir),
+            *extra]
+    return Proc(name, args, log_path or Path(state_dir) / "node.log")

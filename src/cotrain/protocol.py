@@ -1,0 +1,48 @@
+"""What both sides of the control plane agree on: protocol versions, addresses, TLS channels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+
+PROTOCOL_VERSION = 1
+SUPPORTED_PROTOCOL_VERSIONS = (1,)
+
+#: gRPC message size limit on both sides (ReadData chunks stay far below it)
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+#: largest ReadData request a node may make
+MAX_READ_BYTES = 4 * 1024 * 1024
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+]
+
+
+class AddressError(ValueError):
+    pass
+
+
+def parse_address(address: str, flag: str = "address") -> tuple[str, int]:
+    """'HOST:PORT' -> (host, port), with a clear error naming the flag."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host:
+        raise AddressError(f"{flag}: expected HOST:PORT, got {address!r}")
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise AddressError(f"{flag}: port must be a number, got {port!r}") from None
+    if not 0 <= port_number <= 65535:
+        raise AddressError(f"{flag}: port must be in 0..65535, got {port_number}")
+    return host.strip("[]"), port_number
+
+
+def open_channel(address: str, insecure: bool, ca_path: str | None = None) -> grpc.Channel:
+    """A channel to the coordinator: TLS verified against ``ca_path`` (or the system roots), or plaintext."""
+    parse_address(address, "COORDINATOR")
+    if insecure:
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    root = Path(ca_path).read_bytes() if ca_path else None
+    return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=root), options=CHANNEL_OPTIONS)

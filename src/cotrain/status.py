@@ -1,0 +1,57 @@
+"""``cotrain swarm status``: the swarm's health as a table or as JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+from google.protobuf.json_format import MessageToDict
+
+from cotrain.v1 import coordinator_pb2 as pb
+
+
+def health_to_dict(health: pb.SwarmHealth) -> dict:
+    return MessageToDict(health, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+
+def health_json(health: pb.SwarmHealth) -> str:
+    return json.dumps(health_to_dict(health), indent=1, sort_keys=True)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def health_table(health: pb.SwarmHealth):
+    """A rich renderable: one row per node, then totals and alerts."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    now = health.now_unix or time.time()
+    table = Table(title=f"swarm {health.run_id}", expand=False)
+    for column in ("node", "state", "step", "round", "loss", "samples/s", "sent", "received", "last seen"):
+        table.add_column(column, justify="left" if column in ("node", "state") else "right")
+    for node in health.nodes:
+        m = node.metrics
+        loss = f"{m.loss:.3f}" if math.isfinite(m.loss) else str(m.loss)
+        style = {"healthy": "green", "straggler": "yellow", "lost": "red", "left": "dim"}.get(node.state, "")
+        table.add_row(node.node_name, Text(node.state, style=style), str(m.step), str(m.round), loss,
+                      f"{m.samples_per_s:.1f}", _fmt_bytes(m.bytes_sent), _fmt_bytes(m.bytes_received),
+                      f"{max(0.0, now - node.last_seen_unix):.0f}s ago")
+    t = health.totals
+    val = f"{t.val_bpc:.3f} BPC (round {t.val_round})" if math.isfinite(t.val_bpc) else "not yet"
+    lines = [
+        f"nodes online {t.nodes_online}   samples/s {t.samples_per_s:.1f}   global round {t.global_round}   "
+        f"samples {t.samples_total}   sent {_fmt_bytes(t.bytes_sent)}",
+        f"validation {val}   checkpoint {t.latest_checkpoint or 'none yet'}",
+    ]
+    parts = [table, Text("\n".join(lines))]
+    if health.alerts:
+        parts.append(Text("\n".join(f"! {a}" for a in health.alerts), style="yellow"))
+    return Group(*parts)

@@ -1,0 +1,231 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Command(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMMAND_UNSPECIFIED: _ClassVar[Command]
+    CONTINUE: _ClassVar[Command]
+    DRAIN: _ClassVar[Command]
+    REASSIGN: _ClassVar[Command]
+COMMAND_UNSPECIFIED: Command
+CONTINUE: Command
+DRAIN: Command
+REASSIGN: Command
+
+class Capabilities(_message.Message):
+    __slots__ = ("cpus", "gpus", "memory_bytes", "bandwidth_bps")
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_BPS_FIELD_NUMBER: _ClassVar[int]
+    cpus: int
+    gpus: int
+    memory_bytes: int
+    bandwidth_bps: int
+    def __init__(self, cpus: _Optional[int] = ..., gpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., bandwidth_bps: _Optional[int] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("token", "node_name", "protocol_version", "capabilities", "node_id")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    node_name: str
+    protocol_version: int
+    capabilities: Capabilities
+    node_id: str
+    def __init__(self, token: _Optional[str] = ..., node_name: _Optional[str] = ..., protocol_version: _Optional[int] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., node_id: _Optional[str] = ...) -> None: ...
+
+class RunSpec(_message.Message):
+    __slots__ = ("run_id", "config_toml", "corpus_sha256", "train_bytes", "val_bytes")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_TOML_FIELD_NUMBER: _ClassVar[int]
+    CORPUS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    config_toml: str
+    corpus_sha256: str
+    train_bytes: int
+    val_bytes: int
+    def __init__(self, run_id: _Optional[str] = ..., config_toml: _Optional[str] = ..., corpus_sha256: _Optional[str] = ..., train_bytes: _Optional[int] = ..., val_bytes: _Optional[int] = ...) -> None: ...
+
+class DataAssignment(_message.Message):
+    __slots__ = ("shard_index", "num_shards", "start", "end", "seed")
+    SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    shard_index: int
+    num_shards: int
+    start: int
+    end: int
+    seed: int
+    def __init__(self, shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class JoinResponse(_message.Message):
+    __slots__ = ("node_id", "session", "run", "initial_peers", "assignment", "heartbeat_interval_s")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_PEERS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    session: str
+    run: RunSpec
+    initial_peers: _containers.RepeatedScalarFieldContainer[str]
+    assignment: DataAssignment
+    heartbeat_interval_s: float
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., run: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ..., assignment: _Optional[_Union[DataAssignment, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class NodeMetrics(_message.Message):
+    __slots__ = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch", "partial_rounds", "rounds_completed")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    round: int
+    loss: float
+    samples_per_s: float
+    bytes_sent: int
+    bytes_received: int
+    samples_total: int
+    epoch: int
+    partial_rounds: int
+    rounds_completed: int
+    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_total: _Optional[int] = ..., epoch: _Optional[int] = ..., partial_rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "session", "metrics")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    session: str
+    metrics: NodeMetrics
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("command", "assignment", "reason")
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    command: Command
+    assignment: DataAssignment
+    reason: str
+    def __init__(self, command: _Optional[_Union[Command, str]] = ..., assignment: _Optional[_Union[DataAssignment, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("node_id", "session", "reason")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    session: str
+    reason: str
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LeaveResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetSwarmHealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeHealth(_message.Message):
+    __slots__ = ("node_id", "node_name", "state", "metrics", "last_seen_unix", "joined_unix", "reason")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_UNIX_FIELD_NUMBER: _ClassVar[int]
+    JOINED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    node_name: str
+    state: str
+    metrics: NodeMetrics
+    last_seen_unix: float
+    joined_unix: float
+    reason: str
+    def __init__(self, node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., last_seen_unix: _Optional[float] = ..., joined_unix: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SwarmTotals(_message.Message):
+    __slots__ = ("nodes_online", "samples_per_s", "global_round", "samples_total", "bytes_sent", "bytes_received", "val_loss", "val_bpc", "val_round", "latest_checkpoint", "latest_checkpoint_round")
+    NODES_ONLINE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_ROUND_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    VAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    VAL_BPC_FIELD_NUMBER: _ClassVar[int]
+    VAL_ROUND_FIELD_NUMBER: _ClassVar[int]
+    LATEST_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    LATEST_CHECKPOINT_ROUND_FIELD_NUMBER: _ClassVar[int]
+    nodes_online: int
+    samples_per_s: float
+    global_round: int
+    samples_total: int
+    bytes_sent: int
+    bytes_received: int
+    val_loss: float
+    val_bpc: float
+    val_round: int
+    latest_checkpoint: str
+    latest_checkpoint_round: int
+    def __init__(self, nodes_online: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., global_round: _Optional[int] = ..., samples_total: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., val_loss: _Optional[float] = ..., val_bpc: _Optional[float] = ..., val_round: _Optional[int] = ..., latest_checkpoint: _Optional[str] = ..., latest_checkpoint_round: _Optional[int] = ...) -> None: ...
+
+class SwarmHealth(_message.Message):
+    __slots__ = ("run_id", "nodes", "totals", "alerts", "now_unix")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    TOTALS_FIELD_NUMBER: _ClassVar[int]
+    ALERTS_FIELD_NUMBER: _ClassVar[int]
+    NOW_UNIX_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeHealth]
+    totals: SwarmTotals
+    alerts: _containers.RepeatedScalarFieldContainer[str]
+    now_unix: float
+    def __init__(self, run_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeHealth, _Mapping]]] = ..., totals: _Optional[_Union[SwarmTotals, _Mapping]] = ..., alerts: _Optional[_Iterable[str]] = ..., now_unix: _Optional[float] = ...) -> None: ...
+
+class ReadDataRequest(_message.Message):
+    __slots__ = ("node_id", "session", "split", "offset", "length")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    session: str
+    split: str
+    offset: int
+    length: int
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., split: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
+class DataChunk(_message.Message):
+    __slots__ = ("data", "offset")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    offset: int
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...

@@ -175,6 +175,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def Leave(self, request: pb.LeaveRequest, context) -> pb.LeaveResponse:
         node = await self._session(request.node_id, request.session, context)
+        if request.HasField("metrics"):
+            try:
+                node.metrics = _metrics_dict(request.metrics)
+            except InvalidField as e:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         node.left, node.last_seen = True, self.clock()
         self.store.save_node(node)
         logger.info("node %s (%s) left: %s", node.name, node.node_id[:8], request.reason[:200] or "no reason given")

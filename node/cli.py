@@ -29,6 +29,8 @@ def add_parser(subparsers) -> None:
     join.add_argument("--max-rounds", type=int, default=0, help="leave after this many averaging rounds (0: never)")
     join.add_argument("--duration", type=float, default=0.0, help="leave after this many seconds (0: never)")
     join.add_argument("--threads", type=int, default=0, help="torch threads for training (0: torch's default)")
+    join.add_argument("--wait-peers", type=int, default=0,
+                      help="before training, wait (up to 5 minutes) until this many peers are in the swarm")
     join.add_argument("--dht-host", default="127.0.0.1", help="address the DHT peer listens on (default 127.0.0.1)")
     join.add_argument("--client-mode", action="store_true",
                       help="make outgoing DHT connections only (behind NAT; cannot serve state to others)")
@@ -37,13 +39,13 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_join(args) -> int:
-    for flag in ("max_steps", "max_rounds", "threads"):
+    for flag in ("max_steps", "max_rounds", "threads", "wait_peers"):
         if getattr(args, flag) < 0:
             raise SystemExit(f"--{flag.replace('_', '-')}: must be >= 0")
     if args.duration < 0:
         raise SystemExit("--duration: must be >= 0")
     Node(NodeOptions(coordinator=args.coordinator, token=args.token, name=args.name, insecure=args.insecure,
                      ca=args.ca, state_dir=args.state_dir, max_steps=args.max_steps,
-                     max_rounds=args.max_rounds, duration=args.duration,
+                     max_rounds=args.max_rounds, wait_peers=args.wait_peers, duration=args.duration,
                      threads=args.threads, dht_host=args.dht_host, client_mode=args.client_mode)).run()
     return 0

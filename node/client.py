@@ -84,8 +84,8 @@ class CoordinatorClient:
         request = pb.HeartbeatRequest(node_id=self.node_id, session=self.session, metrics=metrics)
         return self.stub.Heartbeat(request, timeout=self.rpc_timeout)
 
-    def leave(self, reason: str) -> None:
-        self.stub.Leave(pb.LeaveRequest(node_id=self.node_id, session=self.session, reason=reason),
+    def leave(self, reason: str, metrics: Optional[pb.NodeMetrics] = None) -> None:
+        self.stub.Leave(pb.LeaveRequest(node_id=self.node_id, session=self.session, reason=reason, metrics=metrics),
                         timeout=self.rpc_timeout)
 
     def read(self, split: str, offset: int, length: int, stop: Optional[threading.Event] = None) -> bytes:

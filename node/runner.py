@@ -52,6 +52,9 @@ class NodeOptions:
     dht_host: str = "127.0.0.1"
     client_mode: bool = False
     log_every_s: float = 10.0
+    #: before the first step, wait (up to wait_peers_timeout s) until this many peers are in the swarm
+    wait_peers: int = 0
+    wait_peers_timeout: float = 300.0
     state_download_timeout: float = 30.0
 
 
@@ -159,6 +162,9 @@ class Node:
             self.diloco = DiLoCo(model, dht, response.run.run_id, cfg.averaging, cfg.compression,
                                  peer_id=str(dht.peer_id), client_mode=opts.client_mode)
             self._install_signal_handlers()  # hivemind may have replaced them
+            if opts.wait_peers > 1:
+                found = self.diloco.wait_for_peers(opts.wait_peers, opts.wait_peers_timeout, self.stop)
+                logger.info("%d of %d peers present; starting", found, opts.wait_peers)
             if self.diloco.load_state_from_peers(timeout=opts.state_download_timeout):
                 logger.info("warm start: downloaded the swarm's state at round %d", self.diloco.round)
             else:
@@ -170,7 +176,8 @@ class Node:
             if heartbeat.is_alive():
                 heartbeat.join(timeout=5)
             try:
-                self.client.leave(self.stop_reason or "done")
+                self.client.leave(self.stop_reason or "done",
+                                  self.node_metrics() if self.diloco is not None else None)
             except Exception as e:
                 logger.warning("could not tell the coordinator we leave: %s", e)
             if self.diloco is not None:

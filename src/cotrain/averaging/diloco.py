@@ -31,7 +31,8 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.compression import CompressionBase, Float16Compression, NoCompression
 from hivemind.dht import DHT
 
-from cotrain.averaging.progress import Action, Decision, PeerProgress, ProgressBoard, RoundRules, round_decision
+from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, live_peers,
+                                       round_decision)
 from cotrain.config import AveragingConfig, CompressionConfig
 
 logger = logging.getLogger(__name__)
@@ -120,11 +121,24 @@ class DiLoCo:
         self.stats = RoundStats()
         self.rules = RoundRules(cfg.inner_steps, cfg.round_wait, stale_after=3 * cfg.progress_interval + 1.0)
         self.board = ProgressBoard(dht, f"{run_id}_progress", ttl=self.rules.stale_after)
+        self.phase = "train"
         self._peers: list[PeerProgress] = []
-        self._last_read = 0.0
+        self._stop_publishing = threading.Event()
+        self._publisher = threading.Thread(target=self._publish_loop, name="progress", daemon=True)
         self.averager = make_averager(self.delta, dht, f"{run_id}_diloco", cfg, hivemind_compression(compression),
                                       self.get_state, client_mode=client_mode)
         self.averager.state_sharing_priority = 0.0
+        self._publisher.start()
+
+    def _publish_loop(self) -> None:
+        """Publish our progress and read the peers' every progress_interval, also while we average or download."""
+        while not self._stop_publishing.is_set():
+            try:
+                self.board.publish(self.progress(self.phase))
+                self._peers = self.board.read()
+            except Exception as e:  # the DHT is shutting down or briefly unreachable
+                logger.debug("progress publication failed: %r", e)
+            self._stop_publishing.wait(self.cfg.progress_interval)
 
     # ---- shared state --------------------------------------------------------------------------------------------
     def get_state(self) -> tuple[dict, list[torch.Tensor]]:
@@ -193,10 +207,6 @@ class DiLoCo:
         now = time.time()
         if self.steps_in_round >= self.cfg.inner_steps and self.reached_h_at is None:
             self.reached_h_at = now
-        if now - self._last_read >= self.cfg.progress_interval:
-            self._last_read = now
-            self.board.publish(self.progress())
-            self._peers = self.board.read()
         if now < self.retry_at:
             return None
         decision = round_decision(now, self.progress(), self._peers, self.rules, self.reached_h_at)
@@ -208,8 +218,18 @@ class DiLoCo:
             self._resync()
         else:
             self._average()
-            self._last_read = 0.0  # refresh the peers' records right after a round
         return decision
+
+    def wait_for_peers(self, count: int, timeout: float, stop: Optional[threading.Event] = None) -> int:
+        """Publish our progress and wait until ``count`` peers (ourselves included) are on the board."""
+        deadline = time.time() + timeout
+        while True:
+            live = {p.peer_id for p in self._peers if time.time() - p.time <= self.rules.stale_after
+                    and p.phase != "left"}
+            live.add(self.peer_id)
+            if len(live) >= count or time.time() >= deadline or (stop is not None and stop.is_set()):
+                return len(live)
+            time.sleep(self.cfg.progress_interval / 2)
 
     def _resync(self) -> None:
         self.stats.resyncs += 1
@@ -220,13 +240,14 @@ class DiLoCo:
         with torch.no_grad(), self.averager.get_tensors() as delta:
             for d, g, p in zip(delta, self.global_params, self.params):
                 d.copy_(g.cpu() - p.detach().cpu())
-        peers_here = [p for p in self._peers if p.round == self.round and p.peer_id != self.peer_id
-                      and time.time() - p.time <= self.rules.stale_after]
+        peers_here = [p for p in live_peers(time.time(), self.progress(), self._peers, self.rules)
+                      if p.round == self.round]
         if not peers_here:
             self._outer_step(group_size=1)
             self.stats.solo_rounds += 1
             return
-        self.board.publish(self.progress(phase="average"))
+        self.phase = "average"
+        self.board.publish(self.progress(self.phase))
         timeout = self.cfg.matchmaking_time * 2 + self.cfg.request_timeout
         try:
             gathered = self.averager.step(weight=float(max(1, self.samples_in_round)),
@@ -235,11 +256,12 @@ class DiLoCo:
         except Exception as e:
             logger.warning("round %d: averaging failed: %r", self.round, e)
             gathered = None
+        finally:
+            self.phase = "train"
         if not gathered:
             self.stats.failed_rounds += 1
             self.stats.last_reason = f"round {self.round}: no group formed; training on and retrying"
             self.retry_at = time.time() + self.cfg.matchmaking_time
-            self.board.publish(self.progress())
             return
         group_size = len(gathered)
         others = [v for k, v in gathered.items() if str(k) != self.peer_id]
@@ -274,6 +296,12 @@ class DiLoCo:
         self.averager.state_sharing_priority = float(self.round)
 
     def shutdown(self) -> None:
+        self._stop_publishing.set()
+        self._publisher.join(timeout=5)
+        try:  # tell the peers at once that we are gone, rather than letting our record expire
+            self.board.publish(self.progress("left"))
+        except Exception:
+            pass
         if self.averager.is_alive():
             self.averager.shutdown()
 

@@ -29,7 +29,7 @@ class PeerProgress:
     round: int
     steps: int  # local steps taken in this round
     samples: int  # samples trained on in this round
-    phase: str = "train"  # "train" or "average"
+    phase: str = "train"  # "train", "average", or "left" (the peer is gone)
     mid_round: bool = False  # joined (or resynchronised) after this round began: not waited for
     time: float = 0.0  # DHT time of the record
 
@@ -62,7 +62,7 @@ class Decision:
 
 
 def live_peers(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules) -> list[PeerProgress]:
-    return [p for p in peers if p.peer_id != me.peer_id and now - p.time <= rules.stale_after]
+    return [p for p in peers if p.peer_id != me.peer_id and now - p.time <= rules.stale_after and p.phase != "left"]
 
 
 def round_decision(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules,

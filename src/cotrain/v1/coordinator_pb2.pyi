@@ -133,14 +133,16 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, command: _Optional[_Union[Command, str]] = ..., assignment: _Optional[_Union[DataAssignment, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("node_id", "session", "reason")
+    __slots__ = ("node_id", "session", "reason", "metrics")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     session: str
     reason: str
-    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    metrics: NodeMetrics
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., reason: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ...) -> None: ...
 
 class LeaveResponse(_message.Message):
     __slots__ = ()

@@ -1,0 +1,120 @@
+"""The coordinator's gRPC service, called for real over 127.0.0.1."""
+
+import json
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from cotrain.coordinator.store import Store
+from cotrain.exit_codes import ExitCode
+from cotrain.protocol import PROTOCOL_VERSION
+from cotrain.v1 import coordinator_pb2 as pb
+from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.swarm
+
+
+@pytest.fixture
+def stub(coordinator):
+    channel = grpc.insecure_channel(coordinator.address)
+    yield pb_grpc.CoordinatorStub(channel)
+    channel.close()
+
+
+def join(stub, token, name="n1", version=PROTOCOL_VERSION, node_id=""):
+    return stub.Join(pb.JoinRequest(token=token, node_name=name, protocol_version=version, node_id=node_id,
+                                    capabilities=pb.Capabilities(cpus=2)), timeout=10)
+
+
+def code_of(call):
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    return err.value.code(), err.value.details()
+
+
+def test_wrong_or_missing_token_is_unauthenticated(stub):
+    assert code_of(lambda: join(stub, "ct_wrong"))[0] == grpc.StatusCode.UNAUTHENTICATED
+    assert code_of(lambda: join(stub, ""))[0] == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_unsupported_protocol_names_supported_versions(stub, coordinator):
+    code, details = code_of(lambda: join(stub, coordinator.token, version=99))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "99" in details and str(PROTOCOL_VERSION) in details
+
+
+def test_bad_name_is_invalid_argument(stub, coordinator):
+    code, details = code_of(lambda: join(stub, coordinator.token, name=""))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "node_name" in details
+
+
+def test_join_heartbeat_read_leave(stub, coordinator):
+    r = join(stub, coordinator.token)
+    assert len(r.node_id) == 32 and r.session
+    assert r.run.run_id.startswith("test-") and "[model]" in r.run.config_toml
+    assert r.initial_peers and all(p.startswith("/ip4/127.0.0.1/tcp/") for p in r.initial_peers)
+    assert r.assignment.num_shards == 1 and r.assignment.end - r.assignment.start == r.run.train_bytes
+
+    hb = stub.Heartbeat(pb.HeartbeatRequest(node_id=r.node_id, session=r.session,
+                                            metrics=pb.NodeMetrics(step=5, loss=2.5, samples_per_s=10.0)), timeout=10)
+    assert hb.command in (pb.CONTINUE, pb.REASSIGN)
+    bad = code_of(lambda: stub.Heartbeat(pb.HeartbeatRequest(node_id=r.node_id, session="forged"), timeout=10))
+    assert bad[0] == grpc.StatusCode.UNAUTHENTICATED
+
+    chunk = stub.ReadData(pb.ReadDataRequest(node_id=r.node_id, session=r.session, split="train", offset=0,
+                                             length=100), timeout=10)
+    assert len(chunk.data) == 100
+    corpus_head = coordinator.cfg.data.source
+    assert chunk.data == open(corpus_head, "rb").read(100)
+    code, details = code_of(lambda: stub.ReadData(pb.ReadDataRequest(
+        node_id=r.node_id, session=r.session, split="test", offset=0, length=10), timeout=10))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "split" in details
+
+    health = stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=10)
+    row = {n.node_id: n for n in health.nodes}[r.node_id]
+    assert row.state == "healthy" and row.metrics.step == 5 and health.totals.nodes_online == 1
+
+    stub.Leave(pb.LeaveRequest(node_id=r.node_id, session=r.session, reason="test"), timeout=10)
+    health = stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=10)
+    assert {n.node_id: n.state for n in health.nodes}[r.node_id] == "left"
+    assert health.totals.nodes_online == 0
+
+
+def test_second_node_splits_the_data_and_rejoin_keeps_identity(stub, coordinator):
+    a = join(stub, coordinator.token, "a")
+    b = join(stub, coordinator.token, "b")
+    assert b.assignment.num_shards == 2
+    hb = stub.Heartbeat(pb.HeartbeatRequest(node_id=a.node_id, session=a.session), timeout=10)
+    assert hb.command == pb.REASSIGN and hb.assignment.num_shards == 2
+    assert hb.assignment.end <= b.assignment.start or b.assignment.end <= hb.assignment.start
+    again = join(stub, coordinator.token, "a", node_id=a.node_id)
+    assert again.node_id == a.node_id and again.session != a.session
+
+
+def test_revoked_token_cannot_join(stub, coordinator):
+    store = Store(coordinator.state_dir)
+    token = store.create_token("temporary")
+    assert join(stub, token, "x").node_id
+    store.revoke_token("temporary")
+    code, details = code_of(lambda: join(stub, token, "x"))
+    assert code == grpc.StatusCode.UNAUTHENTICATED and "revoked" in details
+
+
+def test_swarm_status_json_cli(stub, coordinator):
+    join(stub, coordinator.token, "watched")
+    out = subprocess.run([sys.executable, "-m", "cotrain", "swarm", "status", coordinator.address, "--insecure",
+                          "--format", "json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    health = json.loads(out.stdout)
+    assert [n["node_name"] for n in health["nodes"]] == ["watched"]
+    assert health["totals"]["nodes_online"] == 1
+
+
+def test_node_with_bad_token_exits_with_its_code(coordinator, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "cotrain", "node", "join", coordinator.address, "--token", "ct_bad",
+                          "--insecure", "--state-dir", str(tmp_path / "n")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == ExitCode.UNAUTHENTICATED
+    assert "token" in out.stderr and "Traceback" not in out.stderr

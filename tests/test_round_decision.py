@@ -1,0 +1,46 @@
+"""Table-driven tests of the pure round decision."""
+
+import pytest
+
+from cotrain.averaging.progress import Action, PeerProgress, RoundRules, round_decision
+
+RULES = RoundRules(inner_steps=10, round_wait=30.0, stale_after=4.0)
+NOW = 1000.0
+
+
+def peer(name, round_, steps, phase="train", mid=False, age=0.0):
+    return PeerProgress(name, round_, steps, steps * 8, phase, mid, NOW - age)
+
+
+CASES = [
+    # (why, me, peers, reached_h_at, expected action)
+    ("below H trains on", peer("me", 3, 4), [peer("a", 3, 4)], None, Action.TRAIN),
+    ("alone at H averages", peer("me", 3, 10), [], NOW, Action.AVERAGE),
+    ("stale peers do not count", peer("me", 3, 10), [peer("a", 3, 2, age=9.0)], NOW, Action.AVERAGE),
+    ("all peers at H average", peer("me", 3, 10), [peer("a", 3, 11), peer("b", 3, 10)], NOW, Action.AVERAGE),
+    ("a slow peer is waited for", peer("me", 3, 10), [peer("a", 3, 5)], NOW - 5, Action.TRAIN),
+    ("a slow peer is waited for at most round_wait", peer("me", 3, 12), [peer("a", 3, 5)], NOW - 31, Action.AVERAGE),
+    ("a mid-round joiner is not waited for", peer("me", 3, 10), [peer("a", 3, 2, mid=True)], NOW, Action.AVERAGE),
+    ("a peer ahead means resync", peer("me", 3, 4), [peer("a", 4, 1)], None, Action.RESYNC),
+    ("resync wins over averaging", peer("me", 3, 10), [peer("a", 5, 1), peer("b", 3, 10)], NOW, Action.RESYNC),
+    ("follow a peer that began averaging", peer("me", 3, 6), [peer("a", 3, 10, phase="average")], None,
+     Action.AVERAGE),
+    ("no step yet: do not follow", peer("me", 3, 0), [peer("a", 3, 10, phase="average")], None, Action.TRAIN),
+    ("a peer behind is waited for (it resyncs)", peer("me", 3, 10), [peer("a", 2, 10)], NOW, Action.TRAIN),
+    ("a peer that left does not count", peer("me", 3, 10), [peer("a", 3, 2, phase="left")], NOW, Action.AVERAGE),
+    ("ourselves in the records are ignored", peer("me", 3, 10), [peer("me", 3, 10)], NOW, Action.AVERAGE),
+]
+
+
+@pytest.mark.parametrize("why, me, peers, reached, expected", CASES, ids=[c[0] for c in CASES])
+def test_round_decision(why, me, peers, reached, expected):
+    decision = round_decision(NOW, me, peers, RULES, reached)
+    assert decision.action is expected, decision.reason
+    assert decision.reason
+
+
+def test_malformed_records_are_ignored():
+    assert PeerProgress.from_record("x", {"round": "not a number"}) is None
+    assert PeerProgress.from_record("x", {"steps": 1}) is None
+    ok = PeerProgress.from_record("x", {"round": 2, "steps": 3, "samples": 24, "time": 5.0})
+    assert ok is not None and ok.round == 2

@@ -118,3 +118,27 @@ def test_node_with_bad_token_exits_with_its_code(coordinator, tmp_path):
                          timeout=60)
     assert out.returncode == ExitCode.UNAUTHENTICATED
     assert "token" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_restarted_coordinator_resumes_its_members(coordinator):
+    channel = grpc.insecure_channel(coordinator.address)
+    stub = pb_grpc.CoordinatorStub(channel)
+    r = join(stub, coordinator.token, "survivor")
+    run_id = r.run.run_id
+    channel.close()
+    assert coordinator.stop() == 0
+
+    from cotrain.launch import start_coordinator
+
+    coordinator.proc, coordinator.address = start_coordinator(coordinator.state_dir, coordinator.config_path)
+    channel = grpc.insecure_channel(coordinator.address)
+    stub = pb_grpc.CoordinatorStub(channel)
+    try:
+        hb = stub.Heartbeat(pb.HeartbeatRequest(node_id=r.node_id, session=r.session,
+                                                metrics=pb.NodeMetrics(step=9)), timeout=10)  # the old session works
+        assert hb.command in (pb.CONTINUE, pb.REASSIGN)
+        health = stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=10)
+        assert health.run_id == run_id
+        assert [(n.node_name, n.metrics.step) for n in health.nodes] == [("survivor", 9)]
+    finally:
+        channel.close()

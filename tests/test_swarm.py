@@ -1,5 +1,7 @@
 """A real coordinator and real nodes on 127.0.0.1, speaking gRPC and hivemind, training one model together."""
 
+import signal
+
 import pytest
 import torch
 
@@ -61,7 +63,8 @@ def test_two_nodes_train_and_average_into_one_model(coordinator, tmp_path):
     assert val_loss(cfg, finals[0].model_state()) < val_loss(cfg) - 0.3
 
 
-def test_node_leaves_cleanly_on_sigterm(coordinator, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_node_leaves_cleanly_on_signal(coordinator, tmp_path, sig):
     node = start_node(coordinator.address, coordinator.token, "quitter", tmp_path / "q", extra=["--threads", "1"])
     client = CoordinatorClient(coordinator.address, insecure=True)
     try:
@@ -70,7 +73,9 @@ def test_node_leaves_cleanly_on_sigterm(coordinator, tmp_path):
             return rows and rows[0].metrics.step > 0
 
         wait_for(training, 120, what="the node to train", procs=[node, coordinator.proc])
-        assert node.stop(60) == 0, node.log()[-3000:]
+        node.signal(sig)
+        wait_for(lambda: not node.alive(), 60, what="the node to exit")
+        assert node.stop(10) == 0, node.log()[-3000:]
         states = {n.node_name: n.state for n in client.health().nodes}
     finally:
         client.close()

@@ -17,10 +17,10 @@ from typing import Optional
 import torch
 
 from cotrain.averaging import ProgressBoard, SwarmAverager
-from cotrain.checkpoint import save_checkpoint
+from cotrain.checkpoint import named_state, save_checkpoint
 from cotrain.config import RunConfig
 from cotrain.data import Corpus
-from cotrain.evaluation import evaluate_lm
+from cotrain.tasks import build_task
 
 from cotrain.coordinator.service import SwarmSummary
 from cotrain.coordinator.store import Store
@@ -30,10 +30,11 @@ logger = logging.getLogger(__name__)
 
 class Checkpointer(threading.Thread):
     def __init__(self, cfg: RunConfig, run_id: str, model: torch.nn.Module, averager: SwarmAverager,
-                 board: ProgressBoard, store: Store, corpus: Corpus, summary: SwarmSummary):
+                 board: ProgressBoard, store: Store, corpus: Optional[Corpus], summary: SwarmSummary):
         super().__init__(name="checkpointer", daemon=True)
         self.cfg, self.run_id, self.model, self.averager = cfg, run_id, model, averager
         self.board, self.store, self.corpus, self.summary = board, store, corpus, summary
+        self.task = build_task(cfg)
         self.folder = store.state_dir / "checkpoints"
         self.stop_event = threading.Event()
         self.wake = threading.Event()
@@ -43,7 +44,7 @@ class Checkpointer(threading.Thread):
             summary.latest_checkpoint, summary.latest_checkpoint_round = latest[0][1], latest[0][0]
         evals = store.evals()
         if evals:
-            _, summary.val_round, summary.val_loss, summary.val_bpc, _ = evals[-1]
+            _, summary.val_round, summary.val_loss, summary.val_bpc, summary.val_metrics = evals[-1]
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -73,15 +74,15 @@ class Checkpointer(threading.Thread):
             return None
         params = list(self.model.parameters())
         names = [n for n, _ in self.model.named_parameters()]
-        if len(tensors) != 2 * len(params) or any(t.shape != p.shape for t, p in zip(tensors, params)):
+        if len(tensors) < len(params) or any(t.shape != p.shape for t, p in zip(tensors, params)):
             logger.warning("a peer sent state that does not fit this run's model; ignored")
             return None
-        state = {f"model.{n}": t for n, t in zip(names, tensors[: len(params)])}
-        state.update({f"outer_momentum.{n}": t for n, t in zip(names, tensors[len(params):])})
+        state = named_state(names, list(tensors))
         samples_total = int(metadata.get("samples_total", 0))
         path = self.folder / f"round-{round_number:06d}.safetensors"
         sha = save_checkpoint(path, state, dict(run_id=self.run_id, round=round_number, samples_total=samples_total,
-                                                config_toml=self.cfg.to_toml(), time=time.time()))
+                                                strategy=metadata.get("strategy", ""), config_toml=self.cfg.to_toml(),
+                                                time=time.time()))
         self.store.add_checkpoint(round_number, str(path), sha, samples_total)
         self.last_round = round_number
         self.summary.latest_checkpoint, self.summary.latest_checkpoint_round = str(path), round_number
@@ -94,13 +95,12 @@ class Checkpointer(threading.Thread):
         with torch.no_grad():
             for p, t in zip(self.model.parameters(), params):
                 p.copy_(t)
-        data = self.cfg.data
-        result = evaluate_lm(self.model, self.corpus.read, self.corpus.val.start, self.corpus.val.end,
-                             data.seq_len, batch_size=8, max_bytes=self.cfg.coordinator.eval_bytes)
-        self.store.add_eval(round_number, result.loss, result.bpc, result.bytes)
-        self.summary.val_loss, self.summary.val_bpc, self.summary.val_round = result.loss, result.bpc, round_number
-        logger.info("round %d: validation %.4f nats/byte = %.3f bits per character", round_number, result.loss,
-                    result.bpc)
+        metrics = self.task.evaluate(self.model, self.corpus, max_bytes=self.cfg.coordinator.eval_bytes)
+        self.store.add_eval(round_number, metrics)
+        s = self.summary
+        s.val_loss, s.val_bpc, s.val_round, s.val_metrics = metrics["val_loss"], metrics["val_bpc"], round_number, metrics
+        logger.info("round %d: validation %s", round_number,
+                    ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
 
     def _prune(self) -> None:
         keep = self.cfg.coordinator.keep_checkpoints

@@ -68,16 +68,15 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
     host, port = parse_address(options.listen, "--listen")
     store = Store(options.state_dir)
     run_id, cfg = resolve_run(cfg, store)
-    corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)
+    corpus = None if cfg.model.is_world_model else Corpus.from_source(cfg.data.source, cfg.data.max_bytes,
+                                                                       cfg.data.val_fraction)
     torch.set_num_threads(1)  # evaluation shares the machine with nodes; keep the coordinator light
 
     dht = start_dht(host=host if host not in ("0.0.0.0", "::") else "0.0.0.0", port=options.dht_port,
                     identity_path=str(options.state_dir / "dht.key"))
     torch.manual_seed(cfg.run.seed)
-    model = build_model(cfg.model)
-    template = [torch.zeros_like(p) for p in model.parameters()]
-    averager = make_averager(template, dht, f"{run_id}_diloco", cfg.averaging, compression=_no_compression(),
-                             get_state=lambda: ({}, []), client_mode=True)
+    model = build_model(cfg)
+    averager = make_averager(dht, f"{run_id}_avg", cfg.averaging, get_state=lambda: ({}, []), client_mode=True)
     board = ProgressBoard(dht, f"{run_id}_progress", ttl=3 * cfg.averaging.progress_interval + 1.0)
     summary = SwarmSummary()
     run = RunInfo(run_id, cfg.to_toml(), corpus, cfg.coordinator.heartbeat_interval_s,
@@ -125,8 +124,3 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
         store.close()
         (options.state_dir / "coordinator.json").unlink(missing_ok=True)
 
-
-def _no_compression():
-    from hivemind.compression import NoCompression
-
-    return NoCompression()

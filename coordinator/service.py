@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import grpc
 
-from cotrain.data import Corpus
+from cotrain.data import Corpus, Split
 from cotrain.protocol import MAX_READ_BYTES, PROTOCOL_VERSION, SUPPORTED_PROTOCOL_VERSIONS
 from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
@@ -29,14 +29,14 @@ logger = logging.getLogger(__name__)
 MAX_NAME_LEN = 64
 MAX_TOKEN_LEN = 256
 METRIC_FIELDS = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch",
-                 "partial_rounds", "rounds_completed")
+                 "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s")
 
 
 @dataclass
 class RunInfo:
     run_id: str
     config_toml: str
-    corpus: Corpus
+    corpus: Optional[Corpus]  # None for runs whose nodes make their own data (world models)
     heartbeat_interval: float
     lost_after_missed: int
     initial_peers: Callable[[], list[str]]
@@ -51,6 +51,7 @@ class SwarmSummary:
     val_round: int = 0
     latest_checkpoint: str = ""
     latest_checkpoint_round: int = 0
+    val_metrics: dict = field(default_factory=dict)
     alerts: list[str] = field(default_factory=list)
 
 
@@ -88,7 +89,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     def _reassign(self) -> None:
         active = active_nodes(self.clock(), self._views(), self.run.heartbeat_interval, self.run.lost_after_missed)
-        train = self.run.corpus.train
+        train = self.run.corpus.train if self.run.corpus is not None else Split(0, 0)
         new, reason = assign_shards([n.node_id for n in active], train.start, train.end)
         if new != self.assignments:
             logger.info("data assignment: %s", reason)
@@ -148,10 +149,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.store.save_node(node)
         self._reassign()
         corpus = self.run.corpus
+        spec = pb.RunSpec(run_id=self.run.run_id, config_toml=self.run.config_toml)
+        if corpus is not None:
+            spec.corpus_sha256, spec.train_bytes, spec.val_bytes = corpus.sha256, corpus.train.size, corpus.val.size
         return pb.JoinResponse(
-            node_id=node.node_id, session=session,
-            run=pb.RunSpec(run_id=self.run.run_id, config_toml=self.run.config_toml, corpus_sha256=corpus.sha256,
-                           train_bytes=corpus.train.size, val_bytes=corpus.val.size),
+            node_id=node.node_id, session=session, run=spec,
             initial_peers=self.run.initial_peers(), assignment=self._assignment_pb(node.node_id),
             heartbeat_interval_s=self.run.heartbeat_interval)
 
@@ -188,6 +190,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def ReadData(self, request: pb.ReadDataRequest, context) -> pb.DataChunk:
         await self._session(request.node_id, request.session, context)
+        if self.run.corpus is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this run has no corpus: its nodes make their data")
         if request.split not in ("train", "val"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"split: must be 'train' or 'val', got {request.split!r}")
         if request.length == 0 or request.length > MAX_READ_BYTES:
@@ -209,7 +213,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         rows, alerts = [], list(self.summary.alerts)
         totals = pb.SwarmTotals(val_loss=self.summary.val_loss, val_bpc=self.summary.val_bpc,
                                 val_round=self.summary.val_round, latest_checkpoint=self.summary.latest_checkpoint,
-                                latest_checkpoint_round=self.summary.latest_checkpoint_round)
+                                latest_checkpoint_round=self.summary.latest_checkpoint_round,
+                                val_metrics={k: float(v) for k, v in self.summary.val_metrics.items()})
         for view, node in zip(views, self.nodes.values()):
             state, reason = node_state(now, view, views, self.run.heartbeat_interval, self.run.lost_after_missed)
             m = pb.NodeMetrics(**{k: v for k, v in node.metrics.items() if k in METRIC_FIELDS})

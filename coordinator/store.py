@@ -39,7 +39,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     samples_total INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS evals (
-    time REAL NOT NULL, round INTEGER NOT NULL, val_loss REAL NOT NULL, val_bpc REAL NOT NULL, bytes INTEGER NOT NULL
+    time REAL NOT NULL, round INTEGER NOT NULL, val_loss REAL NOT NULL, val_bpc REAL NOT NULL, metrics TEXT NOT NULL
 );
 """
 
@@ -182,10 +182,12 @@ class Store:
         with self._conn() as conn:
             conn.execute("DELETE FROM checkpoints WHERE path = ?", (path,))
 
-    def add_eval(self, round_number: int, val_loss: float, val_bpc: float, nbytes: int) -> None:
+    def add_eval(self, round_number: int, metrics: dict[str, float]) -> None:
+        """``metrics`` holds val_loss and val_bpc (NaN where it does not apply) and any model-specific figures."""
         with self._conn() as conn:
-            conn.execute("INSERT INTO evals (time, round, val_loss, val_bpc, bytes) VALUES (?, ?, ?, ?, ?)",
-                         (time.time(), round_number, val_loss, val_bpc, nbytes))
+            conn.execute("INSERT INTO evals (time, round, val_loss, val_bpc, metrics) VALUES (?, ?, ?, ?, ?)",
+                         (time.time(), round_number, metrics["val_loss"], metrics["val_bpc"], json.dumps(metrics)))
 
-    def evals(self) -> list[tuple[float, int, float, float, int]]:
-        return self._conn().execute("SELECT time, round, val_loss, val_bpc, bytes FROM evals ORDER BY time").fetchall()
+    def evals(self) -> list[tuple[float, int, float, float, dict]]:
+        rows = self._conn().execute("SELECT time, round, val_loss, val_bpc, metrics FROM evals ORDER BY time")
+        return [(t, r, loss, bpc, json.loads(m)) for t, r, loss, bpc, m in rows.fetchall()]

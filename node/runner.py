@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from torch.nn import functional as F
 
-from cotrain.averaging import DiLoCo, start_dht
-from cotrain.checkpoint import atomic_write_bytes, save_checkpoint
+from cotrain.averaging import RoundAverager, build_strategy, start_dht
+from cotrain.checkpoint import atomic_write_bytes, named_state, save_checkpoint
 from cotrain.config import RunConfig
-from cotrain.data import StreamBatches
-from cotrain.models import build_model, count_parameters
+from cotrain.models import count_parameters
+from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
 from cotrain.node.client import CoordinatorClient
@@ -74,12 +73,15 @@ class Metrics:
         self.samples_total = 0
         self.samples_per_s = 0.0
         self.epoch = 0
+        self.compute_s = 0.0
+        self.started = time.monotonic()
         self._window: list[tuple[float, int]] = []
 
-    def update(self, loss: float, samples: int, epoch: int) -> None:
+    def update(self, loss: float, samples: int, epoch: int, compute_s: float) -> None:
         now = time.monotonic()
         with self.lock:
             self.step += 1
+            self.compute_s += compute_s
             self.samples_total += samples
             self.epoch = epoch
             if math.isfinite(loss):
@@ -99,7 +101,7 @@ class Node:
         self.client = CoordinatorClient(options.coordinator, options.insecure, options.ca)
         self.metrics = Metrics()
         self.pending_assignment: Optional[pb.DataAssignment] = None
-        self.diloco: Optional[DiLoCo] = None
+        self.averaging: Optional[RoundAverager] = None
 
     # ---- identity ------------------------------------------------------------------------------------------------
     def _identity_file(self) -> Optional[Path]:
@@ -147,8 +149,9 @@ class Node:
         if opts.threads:
             torch.set_num_threads(opts.threads)
         device = pick_device(cfg.device)
+        task = build_task(cfg)
         torch.manual_seed(cfg.run.seed)  # same initial weights on every node of the run
-        model = build_model(cfg.model).to(device)
+        model = task.build_model().to(device)
         logger.info("model %s with %d parameters on %s", cfg.model.kind, count_parameters(model), device)
 
         identity = str(opts.state_dir / "dht.key") if opts.state_dir else None
@@ -158,81 +161,86 @@ class Node:
                         identity_path=identity)
         heartbeat = threading.Thread(target=self._heartbeat_loop, args=(response.heartbeat_interval_s,),
                                      name="heartbeat", daemon=True)
+        opt_cfg = cfg.optimizer
+        optimizer = torch.optim.AdamW(model.parameters(), lr=opt_cfg.lr, betas=opt_cfg.betas,
+                                      weight_decay=opt_cfg.weight_decay)
         try:
-            self.diloco = DiLoCo(model, dht, response.run.run_id, cfg.averaging, cfg.compression,
-                                 peer_id=str(dht.peer_id), client_mode=opts.client_mode)
+            self.averaging = build_strategy(model, optimizer, dht, response.run.run_id, cfg, peer_id=str(dht.peer_id),
+                                            client_mode=opts.client_mode)
             self._install_signal_handlers()  # hivemind may have replaced them
             if opts.wait_peers > 1:
-                found = self.diloco.wait_for_peers(opts.wait_peers, opts.wait_peers_timeout, self.stop)
+                found = self.averaging.wait_for_peers(opts.wait_peers, opts.wait_peers_timeout, self.stop)
                 logger.info("%d of %d peers present; starting", found, opts.wait_peers)
-            if self.diloco.load_state_from_peers(timeout=opts.state_download_timeout):
-                logger.info("warm start: downloaded the swarm's state at round %d", self.diloco.round)
+            if self.averaging.load_state_from_peers(timeout=opts.state_download_timeout):
+                logger.info("warm start: downloaded the swarm's state at round %d", self.averaging.round)
             else:
                 logger.info("no peer has state yet: starting from the run's initial weights")
             heartbeat.start()
-            self._train(model, cfg, device, response.assignment)
+            self._train(task, model, optimizer, cfg, device, response.assignment)
         finally:
             self.stop.set()
             if heartbeat.is_alive():
                 heartbeat.join(timeout=5)
             try:
                 self.client.leave(self.stop_reason or "done",
-                                  self.node_metrics() if self.diloco is not None else None)
+                                  self.node_metrics() if self.averaging is not None else None)
             except Exception as e:
                 logger.warning("could not tell the coordinator we leave: %s", e)
-            if self.diloco is not None:
+            if self.averaging is not None:
                 self._save_last(cfg)
-                self.diloco.shutdown()  # the averager before the DHT
+                self.averaging.shutdown()  # the averager before the DHT
             dht.shutdown()
             self.client.close()
 
-    def _train(self, model, cfg: RunConfig, device, assignment: pb.DataAssignment) -> None:
-        data, opt_cfg = cfg.data, cfg.optimizer
-        optimizer = torch.optim.AdamW(model.parameters(), lr=opt_cfg.lr, betas=opt_cfg.betas,
-                                      weight_decay=opt_cfg.weight_decay)
+    def _train(self, task, model, optimizer, cfg: RunConfig, device, assignment: pb.DataAssignment) -> None:
+        opt_cfg = cfg.optimizer
+        averaging = self.averaging
 
         def read(offset: int, length: int) -> bytes:
             return self.client.read("train", offset, length, stop=self.stop)
 
-        batches = StreamBatches(read, assignment.start, assignment.end, data.batch_size, data.seq_len)
+        batches = task.train_data(read, assignment.start, assignment.end, assignment.seed)
         state = None
         started, last_log = time.monotonic(), time.monotonic()
+        self.metrics.started = started
         while not self.stop.is_set():
             if self.pending_assignment is not None:
                 a, self.pending_assignment = self.pending_assignment, None
-                batches = StreamBatches(read, a.start, a.end, data.batch_size, data.seq_len)
+                batches = task.train_data(read, a.start, a.end, a.seed)
                 state = None
                 logger.info("new data assignment: shard %d of %d, bytes [%d, %d)", a.shard_index, a.num_shards,
                             a.start, a.end)
-            x, y, new_epoch = batches.next_batch()
-            if new_epoch:
+            batch, reset_state = batches.next()
+            if reset_state:
                 state = None
             if self.stop.is_set():
                 break
-            lr = _lr_at(self.metrics.step, opt_cfg)
+            compute_started = time.monotonic()
+            # sync: every peer steps together, so the schedule follows the round; DiLoCo: the local steps
+            lr = _lr_at(averaging.round if averaging.strategy == "sync" else self.metrics.step, opt_cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            logits, state = model(x.to(device), state)
-            loss = F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten())
+            loss, state, samples = task.step(model, batch, state, device)
             optimizer.zero_grad(set_to_none=True)
             value = loss.item()
             if math.isfinite(value):
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.grad_clip)
-                optimizer.step()
+                averaging.local_step()
             else:
                 logger.warning("step %d: loss is %s; update dropped", self.metrics.step, value)
             state = model.detach_state(state)
-            self.metrics.update(value, data.batch_size, batches.epoch)
-            self.diloco.after_inner_step(data.batch_size)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            self.metrics.update(value, samples, batches.epoch, time.monotonic() - compute_started)
+            averaging.after_local_step(samples)
             now = time.monotonic()
             if now - last_log >= self.options.log_every_s:
                 last_log = now
-                s = self.diloco.stats
+                s = averaging.stats
                 logger.info("step %d round %d loss %.3f %.1f samples/s group %d (%s)", self.metrics.step,
-                            self.diloco.round, self.metrics.loss, self.metrics.samples_per_s, s.last_group_size,
+                            averaging.round, self.metrics.loss, self.metrics.samples_per_s, s.last_group_size,
                             s.last_reason)
-            if self.options.max_rounds and self.diloco.round >= self.options.max_rounds:
+            if self.options.max_rounds and averaging.round >= self.options.max_rounds:
                 self.request_stop(f"reached --max-rounds {self.options.max_rounds}")
             if self.options.max_steps and self.metrics.step >= self.options.max_steps:
                 self.request_stop(f"reached --max-steps {self.options.max_steps}")
@@ -243,18 +251,22 @@ class Node:
         """Keep the node's copy of the shared model (``STATE_DIR/last.safetensors``) for a later resume."""
         if not self.options.state_dir:
             return
-        d = self.diloco
-        save_checkpoint(self.options.state_dir / "last.safetensors", d.state_dict(),
-                        dict(run_id=d.run_id, round=d.round, samples_total=d.samples_total,
-                             config_toml=cfg.to_toml(), rounds=d.stats.history, time=time.time()))
+        a = self.averaging
+        metadata, tensors = a.get_state()
+        names = [n for n, _ in a.model.named_parameters()]
+        save_checkpoint(self.options.state_dir / "last.safetensors", named_state(names, tensors),
+                        dict(metadata, config_toml=cfg.to_toml(), rounds=a.stats.history, time=time.time()))
 
     def node_metrics(self) -> pb.NodeMetrics:
-        m, s = self.metrics, self.diloco.stats
+        m, a = self.metrics, self.averaging
+        s = a.stats
         with m.lock:
-            return pb.NodeMetrics(step=m.step, round=self.diloco.round, loss=m.loss, samples_per_s=m.samples_per_s,
-                                  bytes_sent=s.bytes_sent, bytes_received=s.bytes_received,
-                                  samples_total=self.diloco.samples_total, epoch=m.epoch,
-                                  partial_rounds=s.partial_rounds, rounds_completed=s.rounds_completed)
+            return pb.NodeMetrics(step=m.step, round=a.round, loss=m.loss, samples_per_s=m.samples_per_s,
+                                  bytes_sent=a.exchange.bytes_sent, bytes_received=a.exchange.bytes_received,
+                                  samples_total=a.samples_total, epoch=m.epoch,
+                                  partial_rounds=s.partial_rounds, rounds_completed=s.rounds_completed,
+                                  samples_local=m.samples_total, compute_s=m.compute_s,
+                                  wall_s=time.monotonic() - m.started)
 
     def _heartbeat_loop(self, interval: float) -> None:
         unreachable_since = None
@@ -271,7 +283,7 @@ class Node:
                 unreachable_since = None
             if response.command == pb.DRAIN:
                 self.request_stop(f"coordinator asked to drain: {response.reason}")
-            elif response.command == pb.REASSIGN and response.assignment.end > response.assignment.start:
+            elif response.command == pb.REASSIGN and response.assignment.num_shards > 0:
                 self.pending_assignment = response.assignment
 
 

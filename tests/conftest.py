@@ -38,7 +38,7 @@ def tiny_config(corpus: Path, **overrides) -> RunConfig:
         model={"kind": "lstm", "embed_dim": 16, "hidden_size": 64, "num_layers": 1, "dropout": 0.0},
         data={"source": str(corpus), "seq_len": 32, "batch_size": 8},
         optimizer={"lr": 0.01},
-        averaging={"inner_steps": 10, "matchmaking_time": 2.0, "request_timeout": 1.0, "progress_interval": 0.5,
+        averaging={"inner_steps": 10, "matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 0.5,
                    "allreduce_timeout": 20.0, "round_wait": 20.0},
         coordinator={"heartbeat_interval_s": 0.5, "checkpoint_interval_s": 2.0, "eval_bytes": 8192},
         device="cpu",

@@ -7,12 +7,13 @@ import torch
 
 from cotrain.checkpoint import load_checkpoint
 from cotrain.data import Corpus
-from cotrain.evaluation import evaluate_lm
 from cotrain.launch import start_node, wait_for
 from cotrain.models import build_model
+from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
 from cotrain.node.client import CoordinatorClient
+from conftest import RunningCoordinator, tiny_config
 
 pytestmark = pytest.mark.swarm
 
@@ -20,15 +21,38 @@ ROUNDS = 4
 
 
 def val_loss(cfg, state=None):
-    corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)
+    task = build_task(cfg)
+    corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction) if task.needs_corpus else None
     torch.manual_seed(cfg.run.seed)
-    model = build_model(cfg.model)
+    model = build_model(cfg)
     if state is not None:
         model.load_state_dict(state)
-    return evaluate_lm(model, corpus.read, corpus.val.start, corpus.val.end, cfg.data.seq_len).loss
+    metrics = task.evaluate(model, corpus)
+    # world models on a few rollouts overfit their likelihood quickly; their prediction error is the steadier signal
+    return metrics["mse"] if cfg.model.is_world_model else metrics["val_loss"]
 
 
-def test_two_nodes_train_and_average_into_one_model(coordinator, tmp_path):
+MODELS = {
+    "lstm": {},
+    "gru": {"model": {"kind": "gru"}},
+    "fast_slow": {"model": {"kind": "fast_slow", "fast_size": 32, "slow_size": 32, "fast_cells": 2,
+                            "zoneout_cell": 0.1, "zoneout_hidden": 0.05}},
+    "mdn_rnn": {"model": {"kind": "mdn_rnn", "hidden_size": 32, "num_mixtures": 3},
+                "env": {"id": "Pendulum-v1", "episodes": 16, "horizon": 20, "eval_episodes": 16}},
+    "actions_wm": {"model": {"kind": "actions_wm", "hidden_size": 32},
+                   "env": {"id": "CartPole-v1", "episodes": 16, "horizon": 20, "eval_episodes": 16}},
+}
+
+
+@pytest.fixture(params=list(MODELS))
+def model_coordinator(request, tmp_path, corpus_file):
+    running = RunningCoordinator(tmp_path, tiny_config(corpus_file, **MODELS[request.param]))
+    yield running
+    running.stop()
+
+
+def test_two_nodes_train_and_average_into_one_model(model_coordinator, tmp_path):
+    coordinator = model_coordinator
     nodes = [start_node(coordinator.address, coordinator.token, f"node-{i}", tmp_path / f"node-{i}",
                         extra=["--max-rounds", str(ROUNDS), "--threads", "1", "--wait-peers", "2"]) for i in range(2)]
     client = CoordinatorClient(coordinator.address, insecure=True)
@@ -60,7 +84,8 @@ def test_two_nodes_train_and_average_into_one_model(coordinator, tmp_path):
         assert torch.allclose(tensor, finals[1].tensors[name], atol=1e-5), f"{name} differs between the nodes"
 
     cfg = coordinator.cfg
-    assert val_loss(cfg, finals[0].model_state()) < val_loss(cfg) - 0.3
+    before, after = val_loss(cfg), val_loss(cfg, finals[0].model_state())
+    assert after < before - 0.1 * abs(before), (before, after)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

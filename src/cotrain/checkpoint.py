@@ -41,6 +41,21 @@ class Checkpoint:
         return {k[len("model."):]: v for k, v in self.tensors.items() if k.startswith("model.")}
 
 
+def named_state(param_names: list[str], tensors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A swarm's shared state as checkpoint tensors: the first tensors are the model's parameters
+    (``model.<name>``), the rest the strategy's own state in order (``shared.<i>``: outer momentum for DiLoCo,
+    the optimizer's moments for sync, PowerSGD's Q factors)."""
+    out = {f"model.{n}": t for n, t in zip(param_names, tensors)}
+    out.update({f"shared.{i:04d}": t for i, t in enumerate(tensors[len(param_names):])})
+    return out
+
+
+def shared_tensors_of(checkpoint: "Checkpoint", param_names: list[str]) -> list[torch.Tensor]:
+    """The inverse of :func:`named_state`."""
+    rest = sorted(k for k in checkpoint.tensors if k.startswith("shared."))
+    return [checkpoint.tensors[f"model.{n}"] for n in param_names] + [checkpoint.tensors[k] for k in rest]
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -100,7 +100,9 @@ def cmd_sample(args) -> int:
         raise SystemExit("--temperature: must be >= 0")
     ckpt = load_checkpoint(args.checkpoint)
     cfg = RunConfig.from_toml(ckpt.config_toml, origin=f"{args.checkpoint} (run config)")
-    model = build_model(cfg.model)
+    if cfg.model.is_world_model:
+        raise SystemExit(f"sample: {args.checkpoint} holds a world model ({cfg.model.kind}); sample needs a language model")
+    model = build_model(cfg)
     model.load_state_dict(ckpt.model_state())
     prompt = args.prompt.encode()
     out = generate(model, prompt, args.length, args.temperature, seed=args.seed)

@@ -28,14 +28,48 @@ class RunSection(_Section):
     seed: int = Field(0, ge=0, le=2**32 - 1)
 
 
-class ModelConfig(_Section):
-    """A byte-level recurrent language model (vocabulary: the 256 byte values)."""
+LANGUAGE_MODELS = ("lstm", "gru", "fast_slow")
+WORLD_MODELS = ("mdn_rnn", "actions_wm")
 
-    kind: Literal["lstm", "gru"] = "lstm"
+
+class ModelConfig(_Section):
+    """What the swarm trains.
+
+    Language models read bytes (vocabulary: the 256 byte values): ``lstm`` and ``gru`` (embedding, stacked recurrent
+    layers, linear output) and ``fast_slow`` (Fast-Slow RNN, Mujika et al. 2017: ``fast_cells`` layer-normalised
+    LSTM cells of ``fast_size`` around one slow cell of ``slow_size``, with zoneout). World models learn an
+    environment from the rollouts each node collects (see ``[env]``): ``mdn_rnn`` (Ha and Schmidhuber 2018) and
+    ``actions_wm`` (conditions only on the first observation and the actions, Ma et al. 2024).
+    """
+
+    kind: Literal["lstm", "gru", "fast_slow", "mdn_rnn", "actions_wm"] = "lstm"
     embed_dim: int = Field(64, ge=1, le=8192)
     hidden_size: int = Field(256, ge=1, le=16384)
     num_layers: int = Field(2, ge=1, le=16)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    fast_cells: int = Field(2, ge=2, le=16)
+    fast_size: int = Field(256, ge=1, le=16384)
+    slow_size: int = Field(256, ge=1, le=16384)
+    zoneout_cell: float = Field(0.0, ge=0.0, le=1.0)
+    zoneout_hidden: float = Field(0.0, ge=0.0, le=1.0)
+    num_mixtures: int = Field(5, ge=1, le=64)
+
+    @property
+    def is_world_model(self) -> bool:
+        return self.kind in WORLD_MODELS
+
+
+class EnvConfig(_Section):
+    """For world models: the environment every node simulates locally to collect its own rollouts."""
+
+    id: Literal["Pendulum-v1", "CartPole-v1", "Acrobot-v1"] = "Pendulum-v1"
+    #: rollouts a node collects at a time (a new set, with a new seed, every ``passes`` passes over the last one)
+    episodes: int = Field(64, ge=1, le=100_000)
+    passes: int = Field(4, ge=1, le=10_000)
+    #: steps per rollout
+    horizon: int = Field(50, ge=2, le=10_000)
+    #: held-out rollouts the coordinator collects to evaluate the shared world model
+    eval_episodes: int = Field(64, ge=1, le=100_000)
 
 
 class DataConfig(_Section):
@@ -43,7 +77,7 @@ class DataConfig(_Section):
     source: str = "builtin"
     #: truncated backpropagation through time: characters per step, hidden state carried across steps
     seq_len: int = Field(128, ge=2, le=65536)
-    #: parallel streams per node (the local batch)
+    #: parallel streams per node (the local batch); for world models, rollouts per batch
     batch_size: int = Field(16, ge=1, le=65536)
     val_fraction: float = Field(0.1, gt=0.0, lt=0.5)
     #: cap on the corpus size (bytes) taken from the source, 0 = no cap
@@ -70,7 +104,12 @@ class AveragingConfig(_Section):
     the same outer Nesterov step.
     """
 
-    strategy: Literal["diloco"] = "diloco"
+    #: "diloco": H local steps, then average the pseudo-gradient and take an outer Nesterov step. "sync": every
+    #: round averages the gradients of ``inner_steps`` local micro-batches and every node takes the same optimizer
+    #: step (a collaborative large batch; with inner_steps = 1 this is data-parallel training).
+    strategy: Literal["diloco", "sync"] = "diloco"
+    #: the most peers in one averaging group (0: no limit). A group forms at once when this many are present.
+    target_group_size: int = Field(0, ge=0, le=4096)
     #: H, the mean number of local steps per node between two averaging rounds
     inner_steps: int = Field(50, ge=1, le=1_000_000)
     outer_lr: float = Field(0.7, gt=0.0, le=10.0)
@@ -98,9 +137,15 @@ class AveragingConfig(_Section):
 
 
 class CompressionConfig(_Section):
-    """What is sent when averaging. ``none`` sends fp32; ``fp16`` halves the bytes."""
+    """What is sent when averaging: ``none`` (fp32), ``fp16``, ``int8`` (blockwise absmax), ``topk`` (the largest
+    ``topk_fraction`` of values as indices plus int8 values), ``powersgd`` (rank-``powersgd_rank`` factors). Lossy
+    codecs keep what they dropped and add it to the next round (error feedback) unless ``error_feedback`` is off."""
 
-    kind: Literal["none", "fp16"] = "none"
+    kind: Literal["none", "fp16", "int8", "topk", "powersgd"] = "none"
+    topk_fraction: float = Field(0.01, gt=0.0, le=1.0)
+    powersgd_rank: int = Field(4, ge=1, le=1024)
+    block: int = Field(256, ge=8, le=1 << 20)
+    error_feedback: bool = True
 
 
 class CoordinatorConfig(_Section):
@@ -118,6 +163,7 @@ class RunConfig(_Section):
     run: RunSection = RunSection()
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
+    env: EnvConfig = EnvConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     averaging: AveragingConfig = AveragingConfig()
     compression: CompressionConfig = CompressionConfig()

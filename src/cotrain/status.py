@@ -6,13 +6,35 @@ import json
 import math
 import time
 
-from google.protobuf.json_format import MessageToDict
 
 from cotrain.v1 import coordinator_pb2 as pb
 
 
+def message_to_dict(message) -> dict:
+    """A protobuf message as plain JSON-able Python: numbers stay numbers (protobuf's own JSON form turns 64-bit
+    integers into strings), NaN becomes None, every field is present."""
+    out = {}
+    for f in message.DESCRIPTOR.fields:
+        value = getattr(message, f.name)
+        if f.message_type is not None and f.message_type.GetOptions().map_entry:
+            out[f.name] = {k: _plain(v) for k, v in value.items()}
+        elif f.is_repeated:
+            out[f.name] = [message_to_dict(v) if f.message_type else _plain(v) for v in value]
+        elif f.message_type is not None:
+            out[f.name] = message_to_dict(value)
+        else:
+            out[f.name] = _plain(value)
+    return out
+
+
+def _plain(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def health_to_dict(health: pb.SwarmHealth) -> dict:
-    return MessageToDict(health, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return message_to_dict(health)
 
 
 def health_json(health: pb.SwarmHealth) -> str:
@@ -45,7 +67,14 @@ def health_table(health: pb.SwarmHealth):
                       f"{m.samples_per_s:.1f}", _fmt_bytes(m.bytes_sent), _fmt_bytes(m.bytes_received),
                       f"{max(0.0, now - node.last_seen_unix):.0f}s ago")
     t = health.totals
-    val = f"{t.val_bpc:.3f} BPC (round {t.val_round})" if math.isfinite(t.val_bpc) else "not yet"
+    if math.isfinite(t.val_bpc):
+        val = f"{t.val_bpc:.3f} BPC (round {t.val_round})"
+    elif math.isfinite(t.val_loss):
+        extra = t.val_metrics.get("normalized_mse")
+        val = f"NLL {t.val_loss:.3f}" + (f", MSE {extra:.3f}x copy-last-state" if extra is not None else "")
+        val += f" (round {t.val_round})"
+    else:
+        val = "not yet"
     lines = [
         f"nodes online {t.nodes_online}   samples/s {t.samples_per_s:.1f}   global round {t.global_round}   "
         f"samples {t.samples_total}   sent {_fmt_bytes(t.bytes_sent)}",

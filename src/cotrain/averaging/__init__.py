@@ -1,10 +1,22 @@
-"""The data plane: finding peers over hivemind's DHT and averaging with them."""
+"""The data plane: finding peers over hivemind's DHT, forming groups, and averaging with them."""
 
+from cotrain.averaging.allreduce import AllReduceFailed, AllReduceResult, butterfly_allreduce, weighted_mean
 from cotrain.averaging.dht import start_dht, visible_maddrs
-from cotrain.averaging.diloco import DiLoCo, RoundStats, SwarmAverager, make_averager
+from cotrain.averaging.diloco import DiLoCo
+from cotrain.averaging.exchange import Exchange
 from cotrain.averaging.progress import Action, Decision, PeerProgress, ProgressBoard, RoundRules, round_decision
+from cotrain.averaging.rounds import RoundAverager, RoundStats, SwarmAverager, make_averager
+from cotrain.averaging.sync import SyncAveraging
 
 __all__ = [
-    "Action", "Decision", "DiLoCo", "PeerProgress", "ProgressBoard", "RoundRules", "RoundStats", "SwarmAverager",
-    "make_averager", "round_decision", "start_dht", "visible_maddrs",
+    "Action", "AllReduceFailed", "AllReduceResult", "Decision", "DiLoCo", "Exchange", "PeerProgress", "ProgressBoard",
+    "RoundAverager", "RoundRules", "RoundStats", "SwarmAverager", "SyncAveraging", "build_strategy",
+    "butterfly_allreduce", "make_averager", "round_decision", "start_dht", "visible_maddrs", "weighted_mean",
 ]
+
+
+def build_strategy(model, optimizer, dht, run_id: str, cfg, peer_id: str, client_mode: bool = False) -> RoundAverager:
+    """The averaging strategy of a run config (:class:`cotrain.config.RunConfig`)."""
+    cls = SyncAveraging if cfg.averaging.strategy == "sync" else DiLoCo
+    return cls(model, optimizer, dht, run_id, cfg.averaging, cfg.compression, peer_id, cfg.optimizer.grad_clip,
+               client_mode=client_mode, seed=cfg.run.seed)

@@ -1,16 +1,27 @@
-"""The models a swarm can train, built from the run config's ``[model]`` section."""
+"""The models a swarm can train, built from the run config's ``[model]`` (and, for world models, ``[env]``)."""
 
 from torch import nn
 
-from cotrain.config import ModelConfig
+from cotrain.models.fast_slow import FastSlowLM
 from cotrain.models.rnn_lm import VOCAB_SIZE, RNNLanguageModel
 from cotrain.models.sampling import generate
 
-__all__ = ["VOCAB_SIZE", "RNNLanguageModel", "build_model", "generate", "count_parameters"]
+__all__ = ["VOCAB_SIZE", "FastSlowLM", "RNNLanguageModel", "build_model", "count_parameters", "generate"]
 
 
-def build_model(cfg: ModelConfig) -> nn.Module:
-    return RNNLanguageModel(cfg.kind, cfg.embed_dim, cfg.hidden_size, cfg.num_layers, cfg.dropout)
+def build_model(cfg) -> nn.Module:
+    """The model of a run config (:class:`cotrain.config.RunConfig`)."""
+    m = cfg.model
+    if m.kind in ("lstm", "gru"):
+        return RNNLanguageModel(m.kind, m.embed_dim, m.hidden_size, m.num_layers, m.dropout)
+    if m.kind == "fast_slow":
+        return FastSlowLM(m.embed_dim, m.fast_size, m.slow_size, m.fast_cells, m.zoneout_cell, m.zoneout_hidden,
+                          m.dropout)
+    from cotrain.data.rollouts import env_spec
+    from cotrain.models.world import build_world_model
+
+    spec = env_spec(cfg.env.id)
+    return build_world_model(m.kind, spec.obs_dim, spec.action_dim, m.hidden_size, m.num_layers, m.num_mixtures)
 
 
 def count_parameters(model: nn.Module) -> int:

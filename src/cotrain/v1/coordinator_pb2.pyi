@@ -89,7 +89,7 @@ class JoinResponse(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., run: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ..., assignment: _Optional[_Union[DataAssignment, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class NodeMetrics(_message.Message):
-    __slots__ = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch", "partial_rounds", "rounds_completed")
+    __slots__ = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch", "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s")
     STEP_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,9 @@ class NodeMetrics(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_LOCAL_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
     step: int
     round: int
     loss: float
@@ -110,7 +113,10 @@ class NodeMetrics(_message.Message):
     epoch: int
     partial_rounds: int
     rounds_completed: int
-    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_total: _Optional[int] = ..., epoch: _Optional[int] = ..., partial_rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ...) -> None: ...
+    samples_local: int
+    compute_s: float
+    wall_s: float
+    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_total: _Optional[int] = ..., epoch: _Optional[int] = ..., partial_rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ..., samples_local: _Optional[int] = ..., compute_s: _Optional[float] = ..., wall_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "session", "metrics")
@@ -171,7 +177,14 @@ class NodeHealth(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., last_seen_unix: _Optional[float] = ..., joined_unix: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SwarmTotals(_message.Message):
-    __slots__ = ("nodes_online", "samples_per_s", "global_round", "samples_total", "bytes_sent", "bytes_received", "val_loss", "val_bpc", "val_round", "latest_checkpoint", "latest_checkpoint_round")
+    __slots__ = ("nodes_online", "samples_per_s", "global_round", "samples_total", "bytes_sent", "bytes_received", "val_loss", "val_bpc", "val_round", "latest_checkpoint", "latest_checkpoint_round", "val_metrics")
+    class ValMetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     NODES_ONLINE_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +196,7 @@ class SwarmTotals(_message.Message):
     VAL_ROUND_FIELD_NUMBER: _ClassVar[int]
     LATEST_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     LATEST_CHECKPOINT_ROUND_FIELD_NUMBER: _ClassVar[int]
+    VAL_METRICS_FIELD_NUMBER: _ClassVar[int]
     nodes_online: int
     samples_per_s: float
     global_round: int
@@ -194,7 +208,8 @@ class SwarmTotals(_message.Message):
     val_round: int
     latest_checkpoint: str
     latest_checkpoint_round: int
-    def __init__(self, nodes_online: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., global_round: _Optional[int] = ..., samples_total: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., val_loss: _Optional[float] = ..., val_bpc: _Optional[float] = ..., val_round: _Optional[int] = ..., latest_checkpoint: _Optional[str] = ..., latest_checkpoint_round: _Optional[int] = ...) -> None: ...
+    val_metrics: _containers.ScalarMap[str, float]
+    def __init__(self, nodes_online: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., global_round: _Optional[int] = ..., samples_total: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., val_loss: _Optional[float] = ..., val_bpc: _Optional[float] = ..., val_round: _Optional[int] = ..., latest_checkpoint: _Optional[str] = ..., latest_checkpoint_round: _Optional[int] = ..., val_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class SwarmHealth(_message.Message):
     __slots__ = ("run_id", "nodes", "totals", "alerts", "now_unix")

@@ -1,0 +1,134 @@
+"""Peer-to-peer exchange of byte strings over hivemind's libp2p daemon: the transport of cotrain's all-reduce.
+
+Every peer publishes pieces under string keys; its groupmates fetch them (``FetchRequest`` -> stream of
+``FetchChunk``). A fetch for a piece not published yet waits for it up to ``wait_s``, so peers that reach a phase
+at slightly different times still meet. Every byte served and fetched is counted: these are the bytes the node
+actually put on, and took off, the wire for averaging.
+
+The exchange runs its own asyncio loop in a background thread of the node process and talks to the libp2p
+daemon that the node's DHT started (``dht.replicate_p2p``): no second daemon, no extra port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Optional, Sequence
+
+from hivemind.dht import DHT
+from hivemind.p2p import P2PContext, PeerID
+
+from cotrain.v1 import swarm_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20  # below the libp2p daemon's 4 MiB message limit
+
+
+class Exchange:
+    def __init__(self, dht: DHT, namespace: str, keep_tags: int = 4):
+        self.namespace = namespace
+        self.handler_name = f"{namespace}.fetch"
+        self.keep_tags = keep_tags
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._outbox: dict[str, bytes] = {}
+        self._tags: list[str] = []
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._published: Optional[asyncio.Condition] = None
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"exchange-{namespace}", daemon=True)
+        self._thread.start()
+        self.p2p = self._run(self._start(dht), timeout=60)
+        self.peer_id: PeerID = self.p2p.peer_id
+
+    def _run(self, coro, timeout: Optional[float] = None):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _start(self, dht: DHT):
+        self._published = asyncio.Condition()
+        p2p = await dht.replicate_p2p()
+        await p2p.add_protobuf_handler(self.handler_name, self._serve, pb.FetchRequest, stream_output=True)
+        return p2p
+
+    # ---- serving -------------------------------------------------------------------------------------------------
+    def publish(self, tag: str, key: str, data: bytes) -> None:
+        """Make ``data`` fetchable under ``key``; keys belong to a round's ``tag``, old tags are dropped."""
+        with self._lock:
+            if tag not in self._tags:
+                self._tags.append(tag)
+                while len(self._tags) > self.keep_tags:
+                    old = self._tags.pop(0)
+                    for k in [k for k in self._outbox if k.startswith(old + "/")]:
+                        del self._outbox[k]
+            self._outbox[key] = data
+        asyncio.run_coroutine_threadsafe(self._notify(), self._loop)
+
+    async def _notify(self):
+        async with self._published:
+            self._published.notify_all()
+
+    async def _serve(self, request: pb.FetchRequest, context: P2PContext):
+        deadline = time.monotonic() + min(max(request.wait_s, 0.0), 600.0)
+        async with self._published:
+            while request.key not in self._outbox and time.monotonic() < deadline:
+                try:
+                    await asyncio.wait_for(self._published.wait(), timeout=max(0.0, deadline - time.monotonic()))
+                except asyncio.TimeoutError:
+                    break
+        data = self._outbox.get(request.key)
+        if data is None:
+            yield pb.FetchChunk(found=False)
+            return
+        for start in range(0, max(len(data), 1), CHUNK_BYTES):
+            piece = data[start: start + CHUNK_BYTES]
+            self.bytes_sent += len(piece)
+            yield pb.FetchChunk(data=piece, found=True)
+
+    # ---- fetching ------------------------------------------------------------------------------------------------
+    async def _fetch(self, peer: PeerID, key: str, wait_s: float) -> Optional[bytes]:
+        out = bytearray()
+        try:
+            stream = await self.p2p.iterate_protobuf_handler(peer, self.handler_name,
+                                                             pb.FetchRequest(key=key, wait_s=wait_s), pb.FetchChunk)
+            async for chunk in stream:
+                if not chunk.found:
+                    return None
+                out += chunk.data
+                self.bytes_received += len(chunk.data)
+        except Exception as e:  # the peer died, its daemon refused, the stream broke
+            logger.debug("fetch %s from %s failed: %r", key, peer, e)
+            return None
+        return bytes(out)
+
+    def fetch_many(self, requests: Sequence[tuple[PeerID, str]], wait_s: float) -> list[Optional[bytes]]:
+        """Fetch every (peer, key) concurrently; None for a piece that did not come within ``wait_s``."""
+
+        async def gather():
+            tasks = [asyncio.wait_for(self._fetch(peer, key, wait_s), timeout=wait_s + 10.0) for peer, key in requests]
+            return await asyncio.gather(*tasks, return_exceptions=True)
+
+        results = self._run(gather())
+        return [r if isinstance(r, bytes) else None for r in results]
+
+    def shutdown(self) -> None:
+        async def stop():
+            try:
+                await self.p2p.remove_protobuf_handler(self.handler_name, stream_output=True)
+                await self.p2p.shutdown()  # a replica: closes its connections, the DHT's daemon lives on
+            except Exception:
+                pass
+            current = asyncio.current_task()
+            pending = [t for t in asyncio.all_tasks() if t is not current]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+        try:
+            self._run(stop(), timeout=5)
+        except Exception:
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)

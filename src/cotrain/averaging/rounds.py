@@ -1,0 +1,383 @@
+"""Rounds of averaging among the peers of a swarm: the machinery both strategies (DiLoCo, sync) share.
+
+A round: every peer trains locally; when the swarm is ready (:func:`round_decision` on the progress board), the
+peers at the same round form a group (hivemind's matchmaking: the round number is the group key, so only peers
+of one round meet), run a butterfly all-reduce of their compressed contributions over hivemind's libp2p daemon
+(:mod:`cotrain.averaging.allreduce`), and apply the same update. Rounds stay consistent by construction:
+
+- every peer of a group decodes the very same bytes, so the shared state stays bitwise identical;
+- peers exchange a hash of their shared state when they form a group; a peer whose state differs from the
+  group's majority downloads the state instead of applying the round;
+- a peer that sees another ahead of it downloads the state from the peer with the most progress;
+- matchmaking and all-reduce have time limits; a contribution that does not arrive is left out and counted;
+  after a failed round the peer keeps training and tries again;
+- a peer alone in the swarm applies its own contribution.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import multiprocessing as mp
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+from hivemind.averaging import DecentralizedAverager
+from hivemind.dht import DHT
+
+from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag, weighted_mean
+from cotrain.averaging.exchange import Exchange
+from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, live_peers,
+                                        round_decision)
+from cotrain.compression import PowerSGD, make_codec
+from cotrain.config import AveragingConfig, CompressionConfig
+
+logger = logging.getLogger(__name__)
+
+ROUND_KEY_BITS = 16  # the round number, modulo 2**16, is the hivemind group key
+
+
+def round_group_bits(round_number: int) -> str:
+    return format(round_number % (1 << ROUND_KEY_BITS), f"0{ROUND_KEY_BITS}b")
+
+
+class SwarmAverager(DecentralizedAverager):
+    """hivemind's averager, used for matchmaking and for serving the shared state to joining peers; its
+    downloadable state is supplied by a callback."""
+
+    def __init__(self, averaged_tensors: Sequence[torch.Tensor], dht: DHT, *, get_state, **kwargs):
+        self._get_state = get_state
+        super().__init__(averaged_tensors, dht, **kwargs)
+
+    def get_current_state(self):
+        metadata, tensors = self._get_state()
+        return metadata, tensors, None
+
+
+def make_averager(dht: DHT, prefix: str, cfg: AveragingConfig, get_state, client_mode: bool = False) -> SwarmAverager:
+    """Create and start the averager. Call on the main thread: hivemind requires it, and it sets SIGINT to ignored
+    in this process, which is restored here."""
+    if mp.get_start_method(allow_none=True) not in (None, "fork"):
+        raise RuntimeError("cotrain needs the 'fork' multiprocessing start method for hivemind's averager")
+    handler = signal.getsignal(signal.SIGINT)
+    averager = SwarmAverager(
+        [torch.zeros(1)], dht, get_state=get_state, prefix=prefix, start=True,
+        target_group_size=cfg.target_group_size or None, min_group_size=2, initial_group_bits=round_group_bits(0),
+        min_matchmaking_time=cfg.matchmaking_time, request_timeout=cfg.request_timeout,
+        allreduce_timeout=cfg.allreduce_timeout, next_chunk_timeout=max(cfg.request_timeout, 5.0),
+        client_mode=client_mode, allow_state_sharing=not client_mode, declare_state_period=10.0, shutdown_timeout=5.0,
+    )
+    signal.signal(signal.SIGINT, handler)
+    return averager
+
+
+def state_hash(tensors: Sequence[torch.Tensor]) -> str:
+    digest = hashlib.sha1()
+    for t in tensors:
+        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class RoundStats:
+    rounds_completed: int = 0  # averaged with at least one peer
+    solo_rounds: int = 0  # applied alone: nobody else was in the swarm
+    failed_rounds: int = 0  # no group formed, or the all-reduce failed
+    partial_rounds: int = 0  # some groupmate's contribution was left out
+    resyncs: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    averaging_s: float = 0.0
+    last_group_size: int = 0
+    last_reason: str = ""
+    history: list = field(default_factory=list)  # (round, group size)
+
+
+class RoundAverager:
+    """Base of the strategies. Subclasses say what a peer contributes, how the average is applied, and what the
+    shared state is; the node calls :meth:`local_step` then :meth:`after_local_step` for every local batch."""
+
+    strategy = "base"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dht: DHT, run_id: str,
+                 cfg: AveragingConfig, compression: CompressionConfig, peer_id: str, grad_clip: float,
+                 client_mode: bool = False, seed: int = 0):
+        self.model, self.optimizer, self.dht, self.cfg, self.run_id = model, optimizer, dht, cfg, run_id
+        self.compression, self.peer_id, self.grad_clip = compression, peer_id, grad_clip
+        self.params = [p for p in model.parameters()]
+        self._lock = threading.Lock()  # the shared state is read by hivemind's thread when a peer downloads it
+        self.codec = make_codec(compression.kind if compression.kind != "powersgd" else "none",
+                                compression.topk_fraction, compression.block)
+        self.powersgd = (PowerSGD([p.shape for p in self.params], compression.powersgd_rank, seed)
+                         if compression.kind == "powersgd" else None)
+        self.error: Optional[torch.Tensor] = None  # error feedback for lossy codecs
+        self.round = 0
+        self.samples_total = 0
+        self.steps_in_round = 0
+        self.samples_in_round = 0
+        self.mid_round = False
+        self.reached_h_at: Optional[float] = None
+        self.retry_at = 0.0
+        self.stats = RoundStats()
+        self.rules = RoundRules(cfg.inner_steps, cfg.round_wait, stale_after=3 * cfg.progress_interval + 1.0)
+        self.board = ProgressBoard(dht, f"{run_id}_progress", ttl=self.rules.stale_after)
+        self.phase = "train"
+        self._peers: list[PeerProgress] = []
+        self._stop = threading.Event()
+        self._publisher = threading.Thread(target=self._publish_loop, name="progress", daemon=True)
+        self.averager = make_averager(dht, f"{run_id}_avg", cfg, self.get_state, client_mode=client_mode)
+        self.averager.state_sharing_priority = 0.0
+        self.exchange = Exchange(dht, f"{run_id}_exchange")
+        self._hash = self._shared_hash()
+        self._publisher.start()
+
+    # ---- what subclasses define ----------------------------------------------------------------------------------
+    def shared_tensors(self) -> list[torch.Tensor]:
+        """Tensors every peer of a round holds identically (downloaded by joiners)."""
+        raise NotImplementedError
+
+    def shared_metadata(self) -> dict:
+        return {}
+
+    def load_shared_metadata(self, metadata: dict) -> None:
+        pass
+
+    def local_step(self) -> None:
+        """After backward: what a local step does with the gradients."""
+        raise NotImplementedError
+
+    def contribution(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def apply(self, average: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def discard_round(self) -> None:
+        """Forget this round's local work (after a resync the shared state has moved on)."""
+
+    # ---- progress board ------------------------------------------------------------------------------------------
+    def _publish_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.board.publish(self.progress(self.phase))
+                self._peers = self.board.read()
+            except Exception as e:  # the DHT is shutting down or briefly unreachable
+                logger.debug("progress publication failed: %r", e)
+            self._stop.wait(self.cfg.progress_interval)
+
+    def progress(self, phase: str = "train") -> PeerProgress:
+        return PeerProgress(self.peer_id, self.round, self.steps_in_round, self.samples_in_round, phase,
+                            self.mid_round, time.time())
+
+    def wait_for_peers(self, count: int, timeout: float, stop: Optional[threading.Event] = None) -> int:
+        """Wait until ``count`` peers (ourselves included) are on the board."""
+        deadline = time.time() + timeout
+        while True:
+            live = {p.peer_id for p in live_peers(time.time(), self.progress(), self._peers, self.rules)}
+            live.add(self.peer_id)
+            if len(live) >= count or time.time() >= deadline or (stop is not None and stop.is_set()):
+                return len(live)
+            time.sleep(self.cfg.progress_interval / 2)
+
+    # ---- shared state --------------------------------------------------------------------------------------------
+    def _all_shared(self) -> list[torch.Tensor]:
+        extra = self.powersgd.state_tensors() if self.powersgd else []
+        return self.shared_tensors() + extra
+
+    def _shared_hash(self) -> str:
+        return state_hash(self.shared_tensors())
+
+    def get_state(self) -> tuple[dict, list[torch.Tensor]]:
+        with self._lock:
+            metadata = dict(run_id=self.run_id, strategy=self.strategy, round=self.round,
+                            samples_total=self.samples_total, **self.shared_metadata())
+            return metadata, [t.detach().cpu().clone() for t in self._all_shared()]
+
+    def set_state(self, metadata: dict, tensors: Sequence[torch.Tensor]) -> None:
+        targets = self._all_shared()
+        if metadata.get("run_id") != self.run_id or metadata.get("strategy") != self.strategy:
+            raise ValueError("downloaded state belongs to another run or strategy")
+        if len(tensors) != len(targets):
+            raise ValueError(f"downloaded {len(tensors)} tensors, expected {len(targets)}")
+        for dst, src in zip(targets, tensors):
+            if dst.shape != src.shape:
+                raise ValueError(f"downloaded tensor of shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+        with torch.no_grad(), self._lock:
+            for dst, src in zip(targets, tensors):
+                dst.copy_(src)
+            self.round = int(metadata["round"])
+            self.samples_total = int(metadata.get("samples_total", 0))
+            self.load_shared_metadata(metadata)
+        self.after_shared_change()
+        self.discard_round()
+        self.error = None
+        self._hash = self._shared_hash()
+        self._start_round(mid_round=True)
+
+    def after_shared_change(self) -> None:
+        """Called after the shared state was replaced (a download)."""
+
+    def load_state_from_peers(self, timeout: float = 30.0) -> bool:
+        """Download the shared state from the peer with the most progress; False when no peer has any."""
+        try:
+            result = self.averager.load_state_from_peers(timeout=timeout)
+        except Exception as e:  # a timeout or a peer that vanished mid-download
+            logger.warning("state download failed: %r", e)
+            return False
+        if result is None:
+            return False
+        try:
+            self.set_state(*result)
+        except (ValueError, KeyError, TypeError) as e:
+            logger.warning("ignoring downloaded state: %s", e)
+            return False
+        return True
+
+    # ---- rounds --------------------------------------------------------------------------------------------------
+    def _start_round(self, mid_round: bool) -> None:
+        self.steps_in_round = 0
+        self.samples_in_round = 0
+        self.mid_round = mid_round
+        self.reached_h_at = None
+        self.averager.state_sharing_priority = float(self.round)
+
+    def after_local_step(self, samples: int) -> Optional[Decision]:
+        """Account one local step; end the round when the swarm is ready. Returns the decision unless TRAIN."""
+        self.steps_in_round += 1
+        self.samples_in_round += samples
+        self.samples_total += samples
+        now = time.time()
+        if self.steps_in_round >= self.cfg.inner_steps and self.reached_h_at is None:
+            self.reached_h_at = now
+        if now < self.retry_at:
+            return None
+        decision = round_decision(now, self.progress(), self._peers, self.rules, self.reached_h_at)
+        if decision.action is Action.TRAIN:
+            return None
+        self.stats.last_reason = decision.reason
+        logger.info("round %d: %s", self.round, decision.reason)
+        if decision.action is Action.RESYNC:
+            self._resync()
+        else:
+            self._average()
+        return decision
+
+    def _resync(self) -> None:
+        self.stats.resyncs += 1
+        if not self.load_state_from_peers():
+            self.retry_at = time.time() + self.cfg.matchmaking_time
+
+    def _average(self) -> None:
+        started = time.monotonic()
+        contribution = self.contribution()
+        peers_here = [p for p in live_peers(time.time(), self.progress(), self._peers, self.rules)
+                      if p.round == self.round]
+        if not live_peers(time.time(), self.progress(), self._peers, self.rules):
+            self._apply_and_advance(contribution, group_size=1)
+            self.stats.solo_rounds += 1
+            return
+        self.phase = "average"
+        self.board.publish(self.progress(self.phase))
+        try:
+            ok = self._average_with_group(contribution, len(peers_here) + 1)
+        finally:
+            self.phase = "train"
+            self.stats.averaging_s += time.monotonic() - started
+        if not ok:
+            self.stats.failed_rounds += 1
+            self.retry_at = time.time() + self.cfg.matchmaking_time
+
+    def _average_with_group(self, contribution: list[torch.Tensor], seen: int) -> bool:
+        weight = float(max(1, self.samples_in_round))
+        # hivemind reshuffles the group key after every group it assembles; ours must be this round's, every time
+        self.averager.set_group_bits(round_group_bits(self.round), wait=True)
+        try:
+            gathered = self.averager.step(
+                weight=weight, gather=dict(round=self.round, samples=self.samples_in_round, hash=self._hash),
+                timeout=self.cfg.matchmaking_time * 2 + self.cfg.request_timeout, allow_retries=False)
+        except Exception as e:
+            logger.warning("round %d: matchmaking failed: %r", self.round, e)
+            gathered = None
+        if not gathered:
+            self.stats.last_reason = f"round {self.round}: no group formed; training on and retrying"
+            return False
+        group = sorted(gathered, key=str)
+        info = {str(k): v for k, v in gathered.items() if isinstance(v, dict)}
+        hashes = collections.Counter(v.get("hash") for v in info.values())
+        majority = max(hashes.items(), key=lambda kv: (kv[1], str(kv[0])))[0]
+        tag = group_tag(f"r{self.round}", [str(p) for p in group])
+        me = next(p for p in group if str(p) == self.peer_id)
+        try:
+            average, complete = self._allreduce(contribution, tag, group, me, weight)
+        except AllReduceFailed as e:
+            logger.warning("round %d: all-reduce failed: %s", self.round, e)
+            self.stats.last_reason = f"round {self.round}: all-reduce failed ({e}); training on and retrying"
+            return False
+        self.stats.bytes_sent, self.stats.bytes_received = self.exchange.bytes_sent, self.exchange.bytes_received
+        if not complete or len(group) < seen:
+            self.stats.partial_rounds += 1
+            logger.warning("round %d averaged %s of the %d peers seen at this round", self.round,
+                           "fewer contributions" if not complete else len(group), seen)
+        self.samples_total += sum(int(v.get("samples", 0)) for k, v in info.items() if k != self.peer_id)
+        if self._hash != majority:
+            logger.warning("round %d: our shared state differs from the group's; downloading it", self.round)
+            self._resync()
+            return True
+        self._apply_and_advance(average, len(group))
+        self.stats.rounds_completed += 1
+        return True
+
+    def _allreduce(self, contribution: list[torch.Tensor], tag: str, group, me, weight: float):
+        timeout = self.cfg.allreduce_timeout
+        if self.powersgd is not None:
+            complete = True
+
+            def reduce(vector: torch.Tensor, phase: str) -> torch.Tensor:
+                nonlocal complete
+                result = butterfly_allreduce(self.exchange, f"{tag}-{phase}", group, me, vector, weight, self.codec,
+                                             timeout, weighted_mean)
+                complete = complete and result.complete
+                return result.average
+
+            return self.powersgd.reduce(contribution, reduce), complete
+        flat = torch.cat([c.detach().float().cpu().reshape(-1) for c in contribution])
+        use_feedback = self.codec.lossy and self.compression.error_feedback
+        if use_feedback and self.error is not None:
+            flat = flat + self.error
+        result = butterfly_allreduce(self.exchange, tag, group, me, flat, weight, self.codec, timeout, weighted_mean)
+        if use_feedback:
+            self.error = flat - result.sent
+        return _unflatten(result.average, contribution), result.complete
+
+    def _apply_and_advance(self, average: list[torch.Tensor], group_size: int) -> None:
+        with torch.no_grad(), self._lock:
+            self.apply(average)
+            self.round += 1
+        self._hash = self._shared_hash()
+        self.stats.last_group_size = group_size
+        self.stats.history.append((self.round - 1, group_size))
+        self._start_round(mid_round=False)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._publisher.join(timeout=5)
+        try:  # tell the peers at once that we are gone, rather than letting our record expire
+            self.board.publish(self.progress("left"))
+        except Exception:
+            pass
+        self.exchange.shutdown()
+        if self.averager.is_alive():
+            self.averager.shutdown()
+
+
+def _unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for t in like:
+        out.append(flat[offset: offset + t.numel()].reshape(t.shape))
+        offset += t.numel()
+    return out

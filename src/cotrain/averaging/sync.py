@@ -1,0 +1,62 @@
+"""Collaborative large-batch training: every round the group averages the gradients its peers accumulated over
+their local micro-batches, and every peer takes the same optimizer step from the same state (as hivemind's
+Optimizer does). With one micro-batch per round this is data-parallel training."""
+
+from __future__ import annotations
+
+import torch
+
+from cotrain.averaging.rounds import RoundAverager
+
+
+class SyncAveraging(RoundAverager):
+    strategy = "sync"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dht, run_id, cfg, compression,
+                 peer_id: str, grad_clip: float, client_mode: bool = False, seed: int = 0):
+        self._init_optimizer_state(model, optimizer)
+        self.grad_sum = [torch.zeros_like(p) for p in model.parameters()]
+        self.micro_batches = 0
+        super().__init__(model, optimizer, dht, run_id, cfg, compression, peer_id, grad_clip, client_mode, seed)
+
+    @staticmethod
+    def _init_optimizer_state(model, optimizer) -> None:
+        """Create Adam(W)'s state up front, so that it exists to be shared before the first step."""
+        for p in model.parameters():
+            state = optimizer.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    def shared_tensors(self):
+        params = list(self.model.parameters())
+        states = [self.optimizer.state[p] for p in params]
+        return ([p.data for p in params] + [s["exp_avg"] for s in states] + [s["exp_avg_sq"] for s in states]
+                + [s["step"] for s in states])
+
+    def local_step(self) -> None:
+        for acc, p in zip(self.grad_sum, self.params):
+            if p.grad is not None:
+                acc.add_(p.grad)
+        self.micro_batches += 1
+
+    def contribution(self):
+        n = max(1, self.micro_batches)
+        return [g.detach().cpu() / n for g in self.grad_sum]
+
+    def apply(self, average) -> None:
+        for p, g in zip(self.params, average):
+            p.grad = g.to(p.device, p.dtype).clone()
+        torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.discard_round()
+
+    def discard_round(self) -> None:
+        for g in self.grad_sum:
+            g.zero_()
+        self.micro_batches = 0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {f"model.{n}": p.detach() for n, p in self.model.named_parameters()}

@@ -1,0 +1,53 @@
+"""Byte-level language modelling: truncated BPTT over the node's range of the corpus; bits per character."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch.nn import functional as F
+
+from cotrain.config import RunConfig
+from cotrain.data import Corpus, StreamBatches
+from cotrain.data.streams import ReadFn
+from cotrain.evaluation import evaluate_lm
+from cotrain.models import build_model
+
+
+class LanguageTrainData:
+    def __init__(self, read: ReadFn, start: int, end: int, batch_size: int, seq_len: int):
+        self.batches = StreamBatches(read, start, end, batch_size, seq_len)
+
+    @property
+    def epoch(self) -> int:
+        return self.batches.epoch
+
+    def next(self):
+        """-> ((inputs, targets), reset_state)"""
+        x, y, new_epoch = self.batches.next_batch()
+        return (x, y), new_epoch
+
+
+class LanguageTask:
+    needs_corpus = True
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+
+    def build_model(self):
+        return build_model(self.cfg)
+
+    def train_data(self, read: ReadFn, start: int, end: int, seed: int) -> LanguageTrainData:
+        return LanguageTrainData(read, start, end, self.cfg.data.batch_size, self.cfg.data.seq_len)
+
+    def step(self, model, batch, state, device) -> tuple[torch.Tensor, object, int]:
+        """-> (loss, carried state, samples)"""
+        x, y = batch
+        logits, state = model(x.to(device), state)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten())
+        return loss, state, x.shape[0]
+
+    def evaluate(self, model, corpus: Optional[Corpus], max_bytes: int = 0) -> dict[str, float]:
+        result = evaluate_lm(model, corpus.read, corpus.val.start, corpus.val.end, self.cfg.data.seq_len,
+                             batch_size=8, max_bytes=max_bytes)
+        return {"val_loss": result.loss, "val_bpc": result.bpc}

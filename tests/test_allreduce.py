@@ -1,0 +1,79 @@
+"""The butterfly all-reduce between real peers: hivemind DHTs and libp2p daemons on 127.0.0.1, in one process."""
+
+import threading
+
+import pytest
+import torch
+
+from cotrain.averaging import AllReduceFailed, Exchange, butterfly_allreduce, start_dht
+from cotrain.compression import Int8Blockwise, NoCompression
+
+pytestmark = pytest.mark.swarm
+
+
+@pytest.fixture(scope="module")
+def peers(tmp_path_factory):
+    """Three peers, each with its own DHT (and key: peers in one process share one unless given their own)."""
+    keys = tmp_path_factory.mktemp("keys")
+    first = start_dht(identity_path=str(keys / "0.key"))
+    dhts = [first] + [start_dht([str(m) for m in first.get_visible_maddrs()], identity_path=str(keys / f"{i}.key"))
+                      for i in (1, 2)]
+    exchanges = [Exchange(d, "test_exchange") for d in dhts]
+    yield exchanges
+    for e in exchanges:
+        e.shutdown()
+    for d in dhts:
+        d.shutdown()
+
+
+def run_all(exchanges, tag, vectors, weights, codec, timeout, skip=()):
+    group = sorted((e.peer_id for e in exchanges), key=str)
+    results = [None] * len(exchanges)
+
+    def one(i):
+        try:
+            results[i] = butterfly_allreduce(exchanges[i], tag, group, exchanges[i].peer_id, vectors[i], weights[i],
+                                             codec, timeout)
+        except AllReduceFailed as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(exchanges)) if i not in skip]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 30)
+    return results
+
+
+def test_every_peer_gets_the_same_weighted_mean(peers):
+    torch.manual_seed(0)
+    vectors = [torch.randn(10_001) for _ in peers]
+    weights = [1.0, 2.0, 3.0]
+    results = run_all(peers, "t-exact", vectors, weights, NoCompression(), timeout=20)
+    expected = sum(w * v for w, v in zip(weights, vectors)) / sum(weights)
+    for r in results:
+        assert r.complete and r.contributors == [3, 3, 3]
+        assert torch.equal(r.average, results[0].average)  # bitwise identical on every peer
+        assert torch.allclose(r.average, expected, atol=1e-5)
+
+
+def test_compressed_average_is_identical_everywhere_and_bytes_are_counted(peers):
+    torch.manual_seed(1)
+    vectors = [torch.randn(30_000) for _ in peers]
+    before = [(e.bytes_sent, e.bytes_received) for e in peers]
+    results = run_all(peers, "t-int8", vectors, [1.0, 1.0, 1.0], Int8Blockwise(256), timeout=20)
+    for r in results:
+        assert torch.equal(r.average, results[0].average)
+    mean = sum(vectors) / 3
+    assert (results[0].average - mean).abs().max() < 0.1
+    for e, (sent, received) in zip(peers, before):
+        # each peer sends 2 (n-1)/n of its ~30 KB vector plus small headers
+        assert 35_000 < e.bytes_sent - sent < 45_000
+        assert 35_000 < e.bytes_received - received < 45_000
+
+
+def test_a_vanished_peer_does_not_hold_the_others_past_the_timeout(peers):
+    vectors = [torch.ones(3000) * i for i in range(3)]
+    results = run_all(peers, "t-vanish", vectors, [1.0, 1.0, 1.0], NoCompression(), timeout=3, skip=(2,))
+    assert all(isinstance(r, AllReduceFailed) for r in results[:2]), results
+    assert results[2] is None

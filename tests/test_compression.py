@@ -1,0 +1,118 @@
+import math
+
+import pytest
+import torch
+
+from cotrain.compression import Float16, Int8Blockwise, NoCompression, PowerSGD, TopK, make_codec
+
+CODECS = [NoCompression(), Float16(), Int8Blockwise(64), TopK(0.05, 64)]
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
+@pytest.mark.parametrize("numel", [1, 63, 64, 1000, 4097])
+def test_round_trip_within_documented_bound(codec, numel):
+    torch.manual_seed(numel)
+    x = torch.randn(numel) * torch.logspace(-3, 1, numel)
+    data = codec.encode(x)
+    y = codec.decode(data, numel)
+    assert y.shape == x.shape and y.dtype == torch.float32
+    assert (y - x).abs().max().item() <= codec.error_bound(x) + 1e-12
+
+
+def test_sizes_on_the_wire():
+    x = torch.randn(10_000)
+    assert len(NoCompression().encode(x)) == 40_000
+    assert len(Float16().encode(x)) == 20_000
+    assert len(Int8Blockwise(256).encode(x)) == 10_000 + 4 * math.ceil(10_000 / 256)
+    assert len(TopK(0.01, 256).encode(x)) == 4 + 100 * 4 + 100 + 4
+
+
+def test_topk_keeps_the_largest_and_result_keeps_every_nonzero():
+    x = torch.zeros(1000)
+    x[[3, 500, 999]] = torch.tensor([5.0, -7.0, 6.0])
+    codec = TopK(0.002, 64)  # k = 2
+    y = codec.decode(codec.encode(x), 1000)
+    assert set(torch.nonzero(y).flatten().tolist()) == {500, 999}
+    z = codec.decode_result(codec.encode_result(x), 1000)
+    assert set(torch.nonzero(z).flatten().tolist()) == {3, 500, 999}
+
+
+@pytest.mark.parametrize("codec", [Int8Blockwise(64), TopK(0.02, 64)], ids=lambda c: c.name)
+def test_error_feedback_carries_what_was_dropped(codec):
+    torch.manual_seed(0)
+    inputs = [torch.randn(500) for _ in range(30)]
+    error = torch.zeros(500)
+    sent_total = torch.zeros(500)
+    for x in inputs:
+        corrected = x + error
+        sent = codec.decode(codec.encode(corrected), 500)
+        error = corrected - sent
+        sent_total += sent
+    # what was sent over all rounds is what was meant, up to the one residual still held back
+    assert torch.allclose(sent_total + error, sum(inputs), atol=1e-4)
+    assert error.abs().max() < sum(inputs).abs().max()
+
+
+def test_decode_rejects_malformed_payloads():
+    with pytest.raises(ValueError):
+        Int8Blockwise(64).decode(b"\0" * 10, 100)
+    with pytest.raises(ValueError):
+        TopK(0.1).decode(b"\xff\xff\xff\xff", 10)
+    with pytest.raises(ValueError, match="compression.kind"):
+        make_codec("zip")
+
+
+def _powersgd_round(peers, deltas_per_peer):
+    """One PowerSGD round of several simulated peers whose all-reduce is an exact mean."""
+    known = {}
+    for phase in ("p", "q"):
+        known[phase] = torch.stack([_probe(c, d, phase, known) for c, d in zip(peers, deltas_per_peer)]).mean(0)
+    return [c.reduce(d, lambda vector, phase: known[phase]) for c, d in zip(peers, deltas_per_peer)]
+
+
+def _probe(compressor, deltas, phase, known):
+    """The vector this peer would send in ``phase``, given the averages of earlier phases."""
+    import copy
+
+    probe = copy.deepcopy(compressor)
+    captured = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake(vector, ph):
+        if ph == phase:
+            captured["v"] = vector
+            raise Stop
+        return known[ph]
+
+    try:
+        probe.reduce(deltas, fake)
+    except Stop:
+        pass
+    return captured["v"]
+
+
+def test_powersgd_recovers_a_low_rank_update_shared_by_peers():
+    torch.manual_seed(0)
+    u, v = torch.randn(40, 2), torch.randn(2, 30)
+    shapes = [torch.Size([40, 30]), torch.Size([30])]
+    peers = [PowerSGD(shapes, rank=2, seed=7) for _ in range(3)]
+    deltas = [[u @ v * (1 + 0.1 * i), torch.full((30,), float(i))] for i in range(3)]
+    mean_matrix = sum(d[0] for d in deltas) / 3
+    for _ in range(3):  # a few rounds of power iteration with warm-started Q
+        outs = _powersgd_round(peers, [[mean_matrix.clone(), d[1]] for d in deltas])
+    assert all(torch.equal(outs[0][0], o[0]) for o in outs)  # every peer applies the same update
+    assert torch.allclose(outs[0][0], mean_matrix, atol=1e-3)
+    assert torch.allclose(outs[0][1], torch.full((30,), 1.0))  # vectors are averaged exactly
+    p_values, q_values = peers[0].payload_values()
+    assert p_values + q_values < 40 * 30 + 30  # fewer values on the wire than the update has
+
+
+def test_powersgd_keeps_the_error_for_the_next_round():
+    torch.manual_seed(1)
+    shapes = [torch.Size([20, 20])]
+    peer = PowerSGD(shapes, rank=1, seed=0)
+    full_rank = torch.randn(20, 20)
+    out = peer.reduce([full_rank], lambda vector, phase: vector)
+    assert torch.allclose(out[0] + peer.error[0], full_rank, atol=1e-5)

@@ -148,6 +148,8 @@ class Node:
                     response.node_id[:8], len(response.initial_peers))
         if opts.threads:
             torch.set_num_threads(opts.threads)
+        # saturated recurrent gates produce denormal floats, which x86 CPUs process many times slower
+        torch.set_flush_denormal(True)
         device = pick_device(cfg.device)
         task = build_task(cfg)
         torch.manual_seed(cfg.run.seed)  # same initial weights on every node of the run

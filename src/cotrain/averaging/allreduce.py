@@ -117,11 +117,11 @@ def butterfly_allreduce(exchange: Exchange, tag: str, group: Sequence, me, vecto
     for j, payload in enumerate(results):
         if payload is None:
             raise AllReduceFailed(f"reduced part {j} from peer {names[j][-8:]} did not arrive within {timeout:.0f}s")
-        (contributors[j],) = struct.unpack("<I", payload[:4])
         lo, hi = bounds[j]
         try:
+            (contributors[j],) = struct.unpack("<I", payload[:4])
             average[lo:hi] = codec.decode_result(payload[4:], hi - lo)
-        except ValueError as e:
+        except (ValueError, struct.error) as e:
             raise AllReduceFailed(f"reduced part {j} from peer {names[j][-8:]} is malformed: {e}") from None
     return AllReduceResult(average, sent, contributors, dropped, time.monotonic() - started)
 

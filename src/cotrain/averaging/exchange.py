@@ -36,6 +36,8 @@ class Exchange:
         self.bytes_received = 0
         self._outbox: dict[str, bytes] = {}
         self._tags: list[str] = []
+        self._serving = 0
+        self._last_publish = 0.0
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._published: Optional[asyncio.Condition] = None
@@ -64,6 +66,7 @@ class Exchange:
                     for k in [k for k in self._outbox if k.startswith(old + "/")]:
                         del self._outbox[k]
             self._outbox[key] = data
+            self._last_publish = time.monotonic()
         asyncio.run_coroutine_threadsafe(self._notify(), self._loop)
 
     async def _notify(self):
@@ -71,6 +74,14 @@ class Exchange:
             self._published.notify_all()
 
     async def _serve(self, request: pb.FetchRequest, context: P2PContext):
+        self._serving += 1
+        try:
+            async for chunk in self._serve_chunks(request):
+                yield chunk
+        finally:
+            self._serving -= 1
+
+    async def _serve_chunks(self, request: pb.FetchRequest):
         deadline = time.monotonic() + min(max(request.wait_s, 0.0), 600.0)
         async with self._published:
             while request.key not in self._outbox and time.monotonic() < deadline:
@@ -93,15 +104,17 @@ class Exchange:
         try:
             stream = await self.p2p.iterate_protobuf_handler(peer, self.handler_name,
                                                              pb.FetchRequest(key=key, wait_s=wait_s), pb.FetchChunk)
+            chunks = 0
             async for chunk in stream:
                 if not chunk.found:
                     return None
                 out += chunk.data
+                chunks += 1
                 self.bytes_received += len(chunk.data)
         except Exception as e:  # the peer died, its daemon refused, the stream broke
             logger.debug("fetch %s from %s failed: %r", key, peer, e)
             return None
-        return bytes(out)
+        return bytes(out) if chunks else None  # a stream closed before any answer: the peer is going away
 
     def fetch_many(self, requests: Sequence[tuple[PeerID, str]], wait_s: float) -> list[Optional[bytes]]:
         """Fetch every (peer, key) concurrently; None for a piece that did not come within ``wait_s``."""
@@ -113,7 +126,13 @@ class Exchange:
         results = self._run(gather())
         return [r if isinstance(r, bytes) else None for r in results]
 
-    def shutdown(self) -> None:
+    def shutdown(self, linger_s: float = 2.0) -> None:
+        """Stop serving; first let groupmates still fetching this peer's last pieces finish (up to ``linger_s``
+        after the last publication, and while a fetch is being served)."""
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and (self._serving > 0 or time.monotonic() - self._last_publish < linger_s):
+            time.sleep(0.05)
+
         async def stop():
             try:
                 await self.p2p.remove_protobuf_handler(self.handler_name, stream_output=True)

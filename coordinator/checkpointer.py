@@ -16,8 +16,8 @@ from typing import Optional
 
 import torch
 
-from cotrain.averaging import ProgressBoard, SwarmAverager
-from cotrain.checkpoint import named_state, save_checkpoint
+from cotrain.averaging import Exchange, ProgressBoard, download_state, pick_donors
+from cotrain.checkpoint import save_checkpoint
 from cotrain.config import RunConfig
 from cotrain.data import Corpus
 from cotrain.tasks import build_task
@@ -29,10 +29,10 @@ logger = logging.getLogger(__name__)
 
 
 class Checkpointer(threading.Thread):
-    def __init__(self, cfg: RunConfig, run_id: str, model: torch.nn.Module, averager: SwarmAverager,
+    def __init__(self, cfg: RunConfig, run_id: str, model: torch.nn.Module, exchange: Exchange,
                  board: ProgressBoard, store: Store, corpus: Optional[Corpus], summary: SwarmSummary):
         super().__init__(name="checkpointer", daemon=True)
-        self.cfg, self.run_id, self.model, self.averager = cfg, run_id, model, averager
+        self.cfg, self.run_id, self.model, self.exchange = cfg, run_id, model, exchange
         self.board, self.store, self.corpus, self.summary = board, store, corpus, summary
         self.task = build_task(cfg)
         self.folder = store.state_dir / "checkpoints"
@@ -59,25 +59,23 @@ class Checkpointer(threading.Thread):
         self.stop_event.set()
         self.wake.set()
 
-    def swarm_round(self) -> int:
-        return max((p.round for p in self.board.read() if time.time() - p.time <= 30), default=-1)
-
     def tick(self) -> Optional[Path]:
-        if self.swarm_round() <= self.last_round:
+        stale_after = 3 * self.cfg.averaging.progress_interval + 1.0
+        donors = pick_donors(time.time(), "", self.board.read(), stale_after)
+        if not donors or donors[0].round <= self.last_round:
             return None
-        result = self.averager.load_state_from_peers(timeout=60.0)
+        result = download_state(self.exchange, donors, timeout=120.0, run_id=self.run_id)
         if result is None:
             return None
-        metadata, tensors = result
+        metadata, state = result[0].metadata, result[0].tensors
         round_number = int(metadata.get("round", 0))
-        if metadata.get("run_id") != self.run_id or round_number <= self.last_round:
+        if round_number <= self.last_round:
             return None
-        params = list(self.model.parameters())
         names = [n for n, _ in self.model.named_parameters()]
-        if len(tensors) < len(params) or any(t.shape != p.shape for t, p in zip(tensors, params)):
+        params = list(self.model.parameters())
+        if any(f"model.{n}" not in state or state[f"model.{n}"].shape != p.shape for n, p in zip(names, params)):
             logger.warning("a peer sent state that does not fit this run's model; ignored")
             return None
-        state = named_state(names, list(tensors))
         samples_total = int(metadata.get("samples_total", 0))
         path = self.folder / f"round-{round_number:06d}.safetensors"
         sha = save_checkpoint(path, state, dict(run_id=self.run_id, round=round_number, samples_total=samples_total,
@@ -88,7 +86,7 @@ class Checkpointer(threading.Thread):
         self.summary.latest_checkpoint, self.summary.latest_checkpoint_round = str(path), round_number
         logger.info("checkpoint of round %d written to %s", round_number, path)
         self._prune()
-        self._evaluate(round_number, tensors[: len(params)])
+        self._evaluate(round_number, [state[f"model.{n}"] for n in names])
         return path
 
     def _evaluate(self, round_number: int, params: list[torch.Tensor]) -> None:

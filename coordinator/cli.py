@@ -23,6 +23,10 @@ def add_parser(subparsers) -> None:
     start.add_argument("--listen", default="127.0.0.1:7450", help="gRPC address HOST:PORT (default 127.0.0.1:7450)")
     start.add_argument("--state-dir", type=Path, default=Path("cotrain-state"),
                        help="SQLite state, checkpoints and DHT identity (default ./cotrain-state)")
+    warm = start.add_argument_group("warm start (a new run from an old run's checkpoint)")
+    warm.add_argument("--warm-start", metavar="CHECKPOINT", help="start the run from this checkpoint")
+    warm.add_argument("--shrink", type=float, default=None, help="lambda of shrink and perturb (default 0.6)")
+    warm.add_argument("--perturb", type=float, default=None, help="sigma of shrink and perturb (default 0.01)")
     start.add_argument("--dht-port", type=int, default=0, help="TCP port of the DHT bootstrap peer (0: any free)")
     tls = start.add_argument_group("TLS (required unless --insecure)")
     tls.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
@@ -55,6 +59,12 @@ def cmd_start(args) -> int:
         if path is not None and not path.is_file():
             raise SystemExit(f"{flag}: no such file {path}")
     cfg = RunConfig.load(args.config) if args.config else None
+    if args.warm_start or args.shrink is not None or args.perturb is not None:
+        if not args.warm_start and not (cfg and cfg.warm_start.checkpoint):
+            raise SystemExit("--shrink/--perturb: pass --warm-start CHECKPOINT too")
+        values = {k: v for k, v in (("checkpoint", args.warm_start), ("shrink", args.shrink),
+                                    ("perturb", args.perturb)) if v is not None}
+        cfg = (cfg or RunConfig()).with_overrides(warm_start=values)
     options = CoordinatorOptions(listen=args.listen, state_dir=args.state_dir, dht_port=args.dht_port,
                                  insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key)
     asyncio.run(serve(cfg, options))

@@ -15,12 +15,13 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cotrain.averaging import ProgressBoard, make_averager, start_dht, visible_maddrs
-from cotrain.checkpoint import atomic_write_bytes
+from cotrain.averaging import Exchange, ProgressBoard, start_dht, visible_maddrs
+from cotrain.checkpoint import atomic_write_bytes, load_checkpoint, named_state, save_checkpoint
 from cotrain.config import RunConfig
 from cotrain.data import Corpus
 from cotrain.models import build_model
 from cotrain.protocol import CHANNEL_OPTIONS, parse_address
+from cotrain.warmstart import fresh_parameters, shrink_perturb
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
 
 from cotrain.coordinator.checkpointer import Checkpointer
@@ -59,9 +60,32 @@ def resolve_run(cfg: Optional[RunConfig], store: Store) -> tuple[str, RunConfig]
         return run_id, stored
     cfg = cfg or RunConfig()
     run_id = f"{cfg.run.name}-{uuid.uuid4().hex[:8]}"
+    if cfg.warm_start.checkpoint:
+        warm_start_run(cfg, run_id, store)  # before the run is recorded: a bad checkpoint leaves no half-made run
     store.set_meta("config_toml", cfg.to_toml())
     store.set_meta("run_id", run_id)
     return run_id, cfg
+
+
+def warm_start_run(cfg: RunConfig, run_id: str, store: Store) -> Path:
+    """Round 0 of a new run from an old run's checkpoint, shrunk and perturbed; nodes fetch it as the checkpoint
+    of the run when they find no peer."""
+    ws = cfg.warm_start
+    old = load_checkpoint(Path(ws.checkpoint).expanduser())
+    model = lambda: build_model(cfg)  # noqa: E731
+    noise = fresh_parameters(model, seed=cfg.run.seed + 1)
+    params = shrink_perturb(old.model_state(), noise, ws.shrink, ws.perturb)
+    names = list(noise)
+    path = store.state_dir / "checkpoints" / "round-000000.safetensors"
+    sha = save_checkpoint(path, named_state(names, [params[n] for n in names]),
+                          dict(run_id=run_id, round=0, samples_total=0, strategy=cfg.averaging.strategy,
+                               config_toml=cfg.to_toml(), warm_start=dict(from_checkpoint=str(ws.checkpoint),
+                                                                          from_round=old.round, shrink=ws.shrink,
+                                                                          perturb=ws.perturb)))
+    store.add_checkpoint(0, str(path), sha, 0)
+    logger.info("warm start: round 0 from %s (round %d) with shrink %.3g and perturb %.3g", ws.checkpoint, old.round,
+                ws.shrink, ws.perturb)
+    return path
 
 
 async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
@@ -76,13 +100,13 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
                     identity_path=str(options.state_dir / "dht.key"))
     torch.manual_seed(cfg.run.seed)
     model = build_model(cfg)
-    averager = make_averager(dht, f"{run_id}_avg", cfg.averaging, get_state=lambda: ({}, []), client_mode=True)
+    exchange = Exchange(dht, f"{run_id}_exchange")
     board = ProgressBoard(dht, f"{run_id}_progress", ttl=3 * cfg.averaging.progress_interval + 1.0)
     summary = SwarmSummary()
     run = RunInfo(run_id, cfg.to_toml(), corpus, cfg.coordinator.heartbeat_interval_s,
                   cfg.coordinator.lost_after_missed, initial_peers=lambda: visible_maddrs(dht))
     service = CoordinatorService(store, run, summary)
-    checkpointer = Checkpointer(cfg, run_id, model, averager, board, store, corpus, summary)
+    checkpointer = Checkpointer(cfg, run_id, model, exchange, board, store, corpus, summary)
 
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
     pb_grpc.add_CoordinatorServicer_to_server(service, server)
@@ -119,7 +143,7 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
         await server.stop(grace=2.0)
         checkpointer.stop()
         checkpointer.join(timeout=30)
-        averager.shutdown()
+        exchange.shutdown(linger_s=0)
         dht.shutdown()
         store.close()
         (options.state_dir / "coordinator.json").unlink(missing_ok=True)

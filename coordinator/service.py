@@ -6,12 +6,14 @@ leaves, so a restarted coordinator knows every member it had acknowledged.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional
 
 import grpc
@@ -27,6 +29,7 @@ from cotrain.coordinator.store import NodeRecord, Store, hash_secret
 logger = logging.getLogger(__name__)
 
 MAX_NAME_LEN = 64
+CHECKPOINT_CHUNK = 1 << 20
 MAX_TOKEN_LEN = 256
 METRIC_FIELDS = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch",
                  "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s")
@@ -202,6 +205,23 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                                 f"offset: {request.offset} is outside the {request.split} split [{split.start}, {split.end})")
         length = min(request.length, split.end - request.offset)
         return pb.DataChunk(data=self.run.corpus.read(request.offset, length), offset=request.offset)
+
+    async def GetCheckpoint(self, request: pb.GetCheckpointRequest, context):
+        await self._session(request.node_id, request.session, context)
+        for round_number, path, sha, _, _ in self.store.checkpoints():
+            try:
+                data = Path(path).read_bytes()
+            except OSError:
+                continue
+            if hashlib.sha256(data).hexdigest() != sha:
+                logger.warning("checkpoint %s is corrupt; offering the previous one", path)
+                continue
+            for start in range(0, len(data), CHECKPOINT_CHUNK):
+                first = start == 0
+                yield pb.CheckpointChunk(data=data[start: start + CHECKPOINT_CHUNK], total=len(data) if first else 0,
+                                         round=round_number if first else 0, sha256=sha if first else "")
+            return
+        await context.abort(grpc.StatusCode.NOT_FOUND, "this coordinator has no checkpoint yet")
 
     async def GetSwarmHealth(self, request: pb.GetSwarmHealthRequest, context) -> pb.SwarmHealth:
         return self.health()

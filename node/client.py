@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import random
@@ -100,6 +101,26 @@ class CoordinatorClient:
             if not chunk.data:
                 break
             out += chunk.data
+        return bytes(out)
+
+    def get_checkpoint(self, on_progress=None, timeout: float = 600.0) -> Optional[bytes]:
+        """The coordinator's latest checkpoint, verified against its sha256; None when it has none."""
+        out, sha, total = bytearray(), "", 0
+        try:
+            for chunk in self.stub.GetCheckpoint(pb.GetCheckpointRequest(node_id=self.node_id, session=self.session),
+                                                 timeout=timeout):
+                if chunk.sha256:
+                    sha, total = chunk.sha256, chunk.total
+                out += chunk.data
+                if on_progress is not None:
+                    on_progress(len(out), total)
+        except grpc.RpcError as e:
+            if e.code() in (grpc.StatusCode.NOT_FOUND, *RETRYABLE):
+                return None
+            raise
+        if hashlib.sha256(out).hexdigest() != sha:
+            logger.warning("the coordinator's checkpoint arrived corrupt (sha256 mismatch); not used")
+            return None
         return bytes(out)
 
     def health(self) -> pb.SwarmHealth:

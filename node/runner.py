@@ -7,8 +7,10 @@ on Ctrl-C, SIGTERM or a DRAIN command: Leave, shut the averager down before the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import sys
 import math
 import os
 import signal
@@ -21,7 +23,8 @@ from typing import Optional
 import torch
 
 from cotrain.averaging import RoundAverager, build_strategy, start_dht
-from cotrain.checkpoint import atomic_write_bytes, named_state, save_checkpoint
+from cotrain.checkpoint import (CheckpointError, atomic_write_bytes, decode_checkpoint, load_checkpoint, named_state,
+                                save_checkpoint)
 from cotrain.config import RunConfig
 from cotrain.models import count_parameters
 from cotrain.tasks import build_task
@@ -173,10 +176,7 @@ class Node:
             if opts.wait_peers > 1:
                 found = self.averaging.wait_for_peers(opts.wait_peers, opts.wait_peers_timeout, self.stop)
                 logger.info("%d of %d peers present; starting", found, opts.wait_peers)
-            if self.averaging.load_state_from_peers(timeout=opts.state_download_timeout):
-                logger.info("warm start: downloaded the swarm's state at round %d", self.averaging.round)
-            else:
-                logger.info("no peer has state yet: starting from the run's initial weights")
+            self._warm_start(response.run.run_id)
             heartbeat.start()
             self._train(task, model, optimizer, cfg, device, response.assignment)
         finally:
@@ -193,6 +193,37 @@ class Node:
                 self.averaging.shutdown()  # the averager before the DHT
             dht.shutdown()
             self.client.close()
+
+    def _warm_start(self, run_id: str) -> None:
+        """Never random weights in a run that has progress: the state of the peer with the most progress, else
+        the newer of the coordinator's latest checkpoint and this node's own last state, else the run's initial
+        weights (a new run)."""
+        averaging = self.averaging
+        with download_progress("state from peers") as progress:
+            if averaging.load_state_from_peers(timeout=self.options.state_download_timeout, on_progress=progress):
+                logger.info("warm start: downloaded the swarm's state at round %d from a peer", averaging.round)
+                return
+        candidates = []
+        with download_progress("checkpoint from the coordinator") as progress:
+            data = self.client.get_checkpoint(on_progress=progress)
+        if data is not None:
+            try:
+                candidates.append(("the coordinator's checkpoint", decode_checkpoint(data, "the coordinator's checkpoint")))
+            except CheckpointError as e:
+                logger.warning("%s", e)
+        own = self.options.state_dir / "last.safetensors" if self.options.state_dir else None
+        if own is not None and own.exists():
+            try:
+                candidates.append(("this node's last state", load_checkpoint(own)))
+            except CheckpointError as e:
+                logger.warning("%s", e)
+        candidates = [(name, c) for name, c in candidates if c.metadata.get("run_id") == run_id]
+        if candidates:
+            name, best = max(candidates, key=lambda item: item[1].round)
+            averaging.load_checkpoint(best)
+            logger.info("warm start: no peer answered; resumed from %s at round %d", name, averaging.round)
+        else:
+            logger.info("no peer and no checkpoint has state yet: starting from the run's initial weights")
 
     def _train(self, task, model, optimizer, cfg: RunConfig, device, assignment: pb.DataAssignment) -> None:
         opt_cfg = cfg.optimizer
@@ -287,6 +318,28 @@ class Node:
                 self.request_stop(f"coordinator asked to drain: {response.reason}")
             elif response.command == pb.REASSIGN and response.assignment.num_shards > 0:
                 self.pending_assignment = response.assignment
+
+
+@contextlib.contextmanager
+def download_progress(what: str):
+    """A progress bar on a terminal, a log line per quarter otherwise; yields the callback(received, total)."""
+    if sys.stderr.isatty():
+        from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                      TransferSpeedColumn(), transient=True) as bar:
+            task = bar.add_task(f"downloading {what}", total=None)
+            yield lambda done, total: bar.update(task, completed=done, total=total or None)
+        return
+    logged = [0]
+
+    def log(done: int, total: int) -> None:
+        quarter = 4 * done // total if total else 0
+        if quarter > logged[0]:
+            logged[0] = quarter
+            logger.info("downloading %s: %d of %d bytes", what, done, total)
+
+    yield log
 
 
 def _lr_at(step: int, cfg) -> float:

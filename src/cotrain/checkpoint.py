@@ -77,10 +77,28 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
+def encode_checkpoint(tensors: dict[str, torch.Tensor], metadata: dict) -> bytes:
+    """A checkpoint as bytes (safetensors, the metadata as JSON in its header): on disk and on the wire."""
+    return st_save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                   metadata={"cotrain": json.dumps(metadata, sort_keys=True)})
+
+
+def decode_checkpoint(data: bytes, origin: str = "checkpoint") -> Checkpoint:
+    try:
+        tensors = st_load(data)
+        header_len = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8: 8 + header_len])
+        metadata = json.loads((header.get("__metadata__") or {}).get("cotrain", "{}"))
+    except Exception as e:  # safetensors raises several types for a malformed file
+        raise CheckpointError(f"{origin} is not a readable safetensors file: {e}") from None
+    if "config_toml" not in metadata and "round" not in metadata:
+        raise CheckpointError(f"{origin} is not a cotrain checkpoint (no run metadata)")
+    return Checkpoint(tensors, metadata)
+
+
 def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], metadata: dict) -> str:
     """Write atomically; returns the file's sha256 (also written beside it as ``<name>.sha256``)."""
-    data = st_save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
-                   metadata={"cotrain": json.dumps(metadata, sort_keys=True)})
+    data = encode_checkpoint(tensors, metadata)
     digest = hashlib.sha256(data).hexdigest()
     atomic_write_bytes(Path(path), data)
     atomic_write_bytes(Path(str(path) + ".sha256"), (digest + "\n").encode())
@@ -100,13 +118,7 @@ def load_checkpoint(path: Path, expected_sha256: str | None = None) -> Checkpoin
             expected_sha256 = sidecar.read_text().strip()
     if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
         raise CheckpointError(f"checkpoint {path} is corrupt: its sha256 does not match the one recorded")
-    try:
-        tensors = st_load(data)
-        header_len = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8: 8 + header_len])
-        metadata = json.loads((header.get("__metadata__") or {}).get("cotrain", "{}"))
-    except Exception as e:  # safetensors raises several types for a malformed file
-        raise CheckpointError(f"checkpoint {path} is not a readable safetensors file: {e}") from None
-    if "config_toml" not in metadata:
+    ckpt = decode_checkpoint(data, origin=f"checkpoint {path}")
+    if "config_toml" not in ckpt.metadata:
         raise CheckpointError(f"checkpoint {path} is not a cotrain checkpoint (no run config in its metadata)")
-    return Checkpoint(tensors, metadata)
+    return ckpt

@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     from cotrain.data import CorpusError
     from cotrain.node.client import CoordinatorUnavailable, JoinRefused
     from cotrain.protocol import AddressError
+    from cotrain.warmstart import WarmStartError
 
     import grpc
 
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
-    except (ConfigError, CorpusError, CheckpointError) as e:
+    except (ConfigError, CorpusError, CheckpointError, WarmStartError) as e:
         print(f"cotrain: {e}", file=sys.stderr)
         return ExitCode.CONFIG
     except AddressError as e:

@@ -159,6 +159,16 @@ class CoordinatorConfig(_Section):
     keep_checkpoints: int = Field(3, ge=1)
 
 
+class WarmStartConfig(_Section):
+    """Start a new run from an old run's checkpoint, with shrink and perturb (Ash and Adams 2020): every
+    parameter becomes ``shrink * theta + perturb * epsilon``, epsilon from the model's initializer. shrink 1 and
+    perturb 0 continue from the exact weights."""
+
+    checkpoint: str = ""
+    shrink: float = Field(0.6, ge=0.0, le=1.0)
+    perturb: float = Field(0.01, ge=0.0, le=10.0)
+
+
 class RunConfig(_Section):
     run: RunSection = RunSection()
     model: ModelConfig = ModelConfig()
@@ -168,6 +178,7 @@ class RunConfig(_Section):
     averaging: AveragingConfig = AveragingConfig()
     compression: CompressionConfig = CompressionConfig()
     coordinator: CoordinatorConfig = CoordinatorConfig()
+    warm_start: WarmStartConfig = WarmStartConfig()
     #: torch device for training: "cpu", "cuda", "cuda:1", or "auto" (cuda when present)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
 

@@ -5,12 +5,14 @@ from cotrain.averaging.dht import start_dht, visible_maddrs
 from cotrain.averaging.diloco import DiLoCo
 from cotrain.averaging.exchange import Exchange
 from cotrain.averaging.progress import Action, Decision, PeerProgress, ProgressBoard, RoundRules, round_decision
-from cotrain.averaging.rounds import RoundAverager, RoundStats, SwarmAverager, make_averager
+from cotrain.averaging.rounds import RoundAverager, RoundStats, make_averager
+from cotrain.averaging.state import STATE_KEY, download_state, pick_donors
 from cotrain.averaging.sync import SyncAveraging
 
 __all__ = [
     "Action", "AllReduceFailed", "AllReduceResult", "Decision", "DiLoCo", "Exchange", "PeerProgress", "ProgressBoard",
-    "RoundAverager", "RoundRules", "RoundStats", "SwarmAverager", "SyncAveraging", "build_strategy",
+    "RoundAverager", "RoundRules", "RoundStats", "STATE_KEY", "SyncAveraging", "build_strategy", "download_state",
+    "pick_donors",
     "butterfly_allreduce", "make_averager", "round_decision", "start_dht", "visible_maddrs", "weighted_mean",
 ]
 

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from hivemind.dht import DHT
 from hivemind.p2p import P2PContext, PeerID
@@ -36,6 +36,7 @@ class Exchange:
         self.bytes_received = 0
         self._outbox: dict[str, bytes] = {}
         self._tags: list[str] = []
+        self._providers: dict[str, Callable[[], Optional[bytes]]] = {}
         self._serving = 0
         self._last_publish = 0.0
         self._lock = threading.Lock()
@@ -69,6 +70,11 @@ class Exchange:
             self._last_publish = time.monotonic()
         asyncio.run_coroutine_threadsafe(self._notify(), self._loop)
 
+    def provide(self, key: str, make: Callable[[], Optional[bytes]]) -> None:
+        """Serve ``key`` by calling ``make()`` (in a worker thread) on every request: for data built on demand,
+        such as the current shared state a joining peer downloads. ``make`` may return None (nothing to give)."""
+        self._providers[key] = make
+
     async def _notify(self):
         async with self._published:
             self._published.notify_all()
@@ -82,6 +88,15 @@ class Exchange:
             self._serving -= 1
 
     async def _serve_chunks(self, request: pb.FetchRequest):
+        if request.key in self._providers:
+            try:
+                data = await asyncio.get_running_loop().run_in_executor(None, self._providers[request.key])
+            except Exception as e:
+                logger.warning("could not build %s for a peer: %r", request.key, e)
+                data = None
+            async for chunk in self._chunks(data):
+                yield chunk
+            return
         deadline = time.monotonic() + min(max(request.wait_s, 0.0), 600.0)
         async with self._published:
             while request.key not in self._outbox and time.monotonic() < deadline:
@@ -89,18 +104,23 @@ class Exchange:
                     await asyncio.wait_for(self._published.wait(), timeout=max(0.0, deadline - time.monotonic()))
                 except asyncio.TimeoutError:
                     break
-        data = self._outbox.get(request.key)
+        async for chunk in self._chunks(self._outbox.get(request.key)):
+            yield chunk
+
+    async def _chunks(self, data: Optional[bytes]):
         if data is None:
             yield pb.FetchChunk(found=False)
             return
         for start in range(0, max(len(data), 1), CHUNK_BYTES):
             piece = data[start: start + CHUNK_BYTES]
             self.bytes_sent += len(piece)
-            yield pb.FetchChunk(data=piece, found=True)
+            yield pb.FetchChunk(data=piece, found=True, total=len(data) if start == 0 else 0)
 
     # ---- fetching ------------------------------------------------------------------------------------------------
-    async def _fetch(self, peer: PeerID, key: str, wait_s: float) -> Optional[bytes]:
+    async def _fetch(self, peer: PeerID, key: str, wait_s: float,
+                     on_progress: Optional[Callable[[int, int], None]] = None) -> Optional[bytes]:
         out = bytearray()
+        total = 0
         try:
             stream = await self.p2p.iterate_protobuf_handler(peer, self.handler_name,
                                                              pb.FetchRequest(key=key, wait_s=wait_s), pb.FetchChunk)
@@ -110,7 +130,10 @@ class Exchange:
                     return None
                 out += chunk.data
                 chunks += 1
+                total = total or chunk.total
                 self.bytes_received += len(chunk.data)
+                if on_progress is not None:
+                    on_progress(len(out), total)
         except Exception as e:  # the peer died, its daemon refused, the stream broke
             logger.debug("fetch %s from %s failed: %r", key, peer, e)
             return None
@@ -125,6 +148,14 @@ class Exchange:
 
         results = self._run(gather())
         return [r if isinstance(r, bytes) else None for r in results]
+
+    def fetch(self, peer: PeerID, key: str, wait_s: float, timeout: float,
+              on_progress: Optional[Callable[[int, int], None]] = None) -> Optional[bytes]:
+        """One piece from one peer; ``on_progress(received, total)`` after every chunk."""
+        try:
+            return self._run(asyncio.wait_for(self._fetch(peer, key, wait_s, on_progress), timeout=timeout))
+        except (asyncio.TimeoutError, TimeoutError):
+            return None
 
     def shutdown(self, linger_s: float = 2.0) -> None:
         """Stop serving; first let groupmates still fetching this peer's last pieces finish (up to ``linger_s``

@@ -34,6 +34,8 @@ from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, gr
 from cotrain.averaging.exchange import Exchange
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, live_peers,
                                         round_decision)
+from cotrain.averaging.state import STATE_KEY, Progress, download_state, pick_donors
+from cotrain.checkpoint import Checkpoint, encode_checkpoint, named_state, shared_tensors_of
 from cotrain.compression import PowerSGD, make_codec
 from cotrain.config import AveragingConfig, CompressionConfig
 
@@ -46,31 +48,19 @@ def round_group_bits(round_number: int) -> str:
     return format(round_number % (1 << ROUND_KEY_BITS), f"0{ROUND_KEY_BITS}b")
 
 
-class SwarmAverager(DecentralizedAverager):
-    """hivemind's averager, used for matchmaking and for serving the shared state to joining peers; its
-    downloadable state is supplied by a callback."""
-
-    def __init__(self, averaged_tensors: Sequence[torch.Tensor], dht: DHT, *, get_state, **kwargs):
-        self._get_state = get_state
-        super().__init__(averaged_tensors, dht, **kwargs)
-
-    def get_current_state(self):
-        metadata, tensors = self._get_state()
-        return metadata, tensors, None
-
-
-def make_averager(dht: DHT, prefix: str, cfg: AveragingConfig, get_state, client_mode: bool = False) -> SwarmAverager:
-    """Create and start the averager. Call on the main thread: hivemind requires it, and it sets SIGINT to ignored
+def make_averager(dht: DHT, prefix: str, cfg: AveragingConfig, client_mode: bool = False) -> DecentralizedAverager:
+    """hivemind's averager, used for matchmaking only (its all-reduce averages one dummy number; the state is
+    served by the :class:`Exchange`). Call on the main thread: hivemind requires it, and it sets SIGINT to ignored
     in this process, which is restored here."""
     if mp.get_start_method(allow_none=True) not in (None, "fork"):
         raise RuntimeError("cotrain needs the 'fork' multiprocessing start method for hivemind's averager")
     handler = signal.getsignal(signal.SIGINT)
-    averager = SwarmAverager(
-        [torch.zeros(1)], dht, get_state=get_state, prefix=prefix, start=True,
+    averager = DecentralizedAverager(
+        [torch.zeros(1)], dht, prefix=prefix, start=True,
         target_group_size=cfg.target_group_size or None, min_group_size=2, initial_group_bits=round_group_bits(0),
         min_matchmaking_time=cfg.matchmaking_time, request_timeout=cfg.request_timeout,
         allreduce_timeout=cfg.allreduce_timeout, next_chunk_timeout=max(cfg.request_timeout, 5.0),
-        client_mode=client_mode, allow_state_sharing=not client_mode, declare_state_period=10.0, shutdown_timeout=5.0,
+        client_mode=client_mode, allow_state_sharing=False, shutdown_timeout=5.0,
     )
     signal.signal(signal.SIGINT, handler)
     return averager
@@ -110,6 +100,7 @@ class RoundAverager:
         self.model, self.optimizer, self.dht, self.cfg, self.run_id = model, optimizer, dht, cfg, run_id
         self.compression, self.peer_id, self.grad_clip = compression, peer_id, grad_clip
         self.params = [p for p in model.parameters()]
+        self.param_names = [n for n, _ in model.named_parameters()]
         self._lock = threading.Lock()  # the shared state is read by hivemind's thread when a peer downloads it
         self.codec = make_codec(compression.kind if compression.kind != "powersgd" else "none",
                                 compression.topk_fraction, compression.block)
@@ -129,10 +120,11 @@ class RoundAverager:
         self.phase = "train"
         self._peers: list[PeerProgress] = []
         self._stop = threading.Event()
+        self._board_read = threading.Event()
         self._publisher = threading.Thread(target=self._publish_loop, name="progress", daemon=True)
-        self.averager = make_averager(dht, f"{run_id}_avg", cfg, self.get_state, client_mode=client_mode)
-        self.averager.state_sharing_priority = 0.0
+        self.averager = make_averager(dht, f"{run_id}_avg", cfg, client_mode=client_mode)
         self.exchange = Exchange(dht, f"{run_id}_exchange")
+        self.exchange.provide(STATE_KEY, self.state_bytes)
         self._hash = self._shared_hash()
         self._publisher.start()
 
@@ -166,6 +158,7 @@ class RoundAverager:
             try:
                 self.board.publish(self.progress(self.phase))
                 self._peers = self.board.read()
+                self._board_read.set()
             except Exception as e:  # the DHT is shutting down or briefly unreachable
                 logger.debug("progress publication failed: %r", e)
             self._stop.wait(self.cfg.progress_interval)
@@ -198,11 +191,21 @@ class RoundAverager:
                             samples_total=self.samples_total, **self.shared_metadata())
             return metadata, [t.detach().cpu().clone() for t in self._all_shared()]
 
+    def state_bytes(self) -> bytes:
+        """The shared state as a peer downloads it (checkpoint format)."""
+        metadata, tensors = self.get_state()
+        return encode_checkpoint(named_state(self.param_names, tensors), metadata)
+
     def set_state(self, metadata: dict, tensors: Sequence[torch.Tensor]) -> None:
+        """Take a downloaded state. With only the model's parameters (a checkpoint a coordinator made, e.g. by
+        shrink and perturb), the strategy's own state starts afresh, identically on every peer."""
         targets = self._all_shared()
-        if metadata.get("run_id") != self.run_id or metadata.get("strategy") != self.strategy:
-            raise ValueError("downloaded state belongs to another run or strategy")
-        if len(tensors) != len(targets):
+        if metadata.get("run_id") != self.run_id:
+            raise ValueError(f"the state belongs to run {metadata.get('run_id')!r}, not {self.run_id!r}")
+        params_only = len(tensors) == len(self.params)
+        if not params_only and metadata.get("strategy") != self.strategy:
+            raise ValueError(f"the state is of strategy {metadata.get('strategy')!r}, not {self.strategy!r}")
+        if not params_only and len(tensors) != len(targets):
             raise ValueError(f"downloaded {len(tensors)} tensors, expected {len(targets)}")
         for dst, src in zip(targets, tensors):
             if dst.shape != src.shape:
@@ -210,6 +213,11 @@ class RoundAverager:
         with torch.no_grad(), self._lock:
             for dst, src in zip(targets, tensors):
                 dst.copy_(src)
+            if params_only:
+                for extra in self.shared_tensors()[len(self.params):]:
+                    extra.zero_()
+                if self.powersgd is not None:
+                    self.powersgd.reset()
             self.round = int(metadata["round"])
             self.samples_total = int(metadata.get("samples_total", 0))
             self.load_shared_metadata(metadata)
@@ -218,21 +226,23 @@ class RoundAverager:
         self.error = None
         self._hash = self._shared_hash()
         self._start_round(mid_round=True)
+        logger.info("took the shared state of round %d (state %s)", self.round, self._hash)
 
     def after_shared_change(self) -> None:
         """Called after the shared state was replaced (a download)."""
 
-    def load_state_from_peers(self, timeout: float = 30.0) -> bool:
+    def load_checkpoint(self, ckpt: Checkpoint) -> None:
+        self.set_state(ckpt.metadata, shared_tensors_of(ckpt, self.param_names))
+
+    def load_state_from_peers(self, timeout: float = 30.0, on_progress: Optional[Progress] = None) -> bool:
         """Download the shared state from the peer with the most progress; False when no peer has any."""
-        try:
-            result = self.averager.load_state_from_peers(timeout=timeout)
-        except Exception as e:  # a timeout or a peer that vanished mid-download
-            logger.warning("state download failed: %r", e)
-            return False
+        self._board_read.wait(timeout=min(timeout, 3 * self.cfg.progress_interval + 5.0))
+        donors = pick_donors(time.time(), self.peer_id, self._peers, self.rules.stale_after)
+        result = download_state(self.exchange, donors, timeout, on_progress, run_id=self.run_id)
         if result is None:
             return False
         try:
-            self.set_state(*result)
+            self.load_checkpoint(result[0])
         except (ValueError, KeyError, TypeError) as e:
             logger.warning("ignoring downloaded state: %s", e)
             return False
@@ -244,7 +254,6 @@ class RoundAverager:
         self.samples_in_round = 0
         self.mid_round = mid_round
         self.reached_h_at = None
-        self.averager.state_sharing_priority = float(self.round)
 
     def after_local_step(self, samples: int) -> Optional[Decision]:
         """Account one local step; end the round when the swarm is ready. Returns the decision unless TRAIN."""
@@ -359,6 +368,8 @@ class RoundAverager:
             self.apply(average)
             self.round += 1
         self._hash = self._shared_hash()
+        logger.info("round %d done with %d peer(s): now at round %d (state %s)", self.round - 1, group_size,
+                    self.round, self._hash)
         self.stats.last_group_size = group_size
         self.stats.history.append((self.round - 1, group_size))
         self._start_round(mid_round=False)

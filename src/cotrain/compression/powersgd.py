@@ -32,8 +32,19 @@ class PowerSGD:
                          if len(s) >= 2 and min(s[0], math.prod(s[1:])) > rank
                          and rank * (s[0] + math.prod(s[1:])) < s[0] * math.prod(s[1:])]
         self.dense = [i for i in range(len(self.shapes)) if i not in self.matrices]
-        generator = torch.Generator().manual_seed(seed)
-        self.q = [torch.randn(math.prod(self.shapes[i][1:]), rank, generator=generator) for i in self.matrices]
+        self.seed = seed
+        self.q: list[torch.Tensor] = []
+        self.reset()
+
+    def reset(self) -> None:
+        """Q from the seed (the same on every peer) and no error kept: the state of a run's first round."""
+        generator = torch.Generator().manual_seed(self.seed)
+        fresh = [torch.randn(math.prod(self.shapes[i][1:]), self.rank, generator=generator) for i in self.matrices]
+        if self.q:
+            for q, f in zip(self.q, fresh):
+                q.copy_(f)
+        else:
+            self.q = fresh
         self.error = [torch.zeros(self.shapes[i]) for i in self.matrices]
 
     def state_tensors(self) -> list[torch.Tensor]:
@@ -74,5 +85,7 @@ class PowerSGD:
             offset += q.numel()
             new_q.append(q)
             out[i] = (ph @ q.T).reshape(self.shapes[i])
-        self.q, self.error = new_q, errors  # only once both phases went through
+        for q, new in zip(self.q, new_q):  # only once both phases went through
+            q.copy_(new)
+        self.error = errors
         return out

@@ -246,3 +246,23 @@ class DataChunk(_message.Message):
     data: bytes
     offset: int
     def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class GetCheckpointRequest(_message.Message):
+    __slots__ = ("node_id", "session")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    session: str
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ...) -> None: ...
+
+class CheckpointChunk(_message.Message):
+    __slots__ = ("data", "total", "round", "sha256")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    total: int
+    round: int
+    sha256: str
+    def __init__(self, data: _Optional[bytes] = ..., total: _Optional[int] = ..., round: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...

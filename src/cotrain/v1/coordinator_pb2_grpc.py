@@ -59,6 +59,11 @@ class CoordinatorStub:
                 request_serializer=cotrain_dot_v1_dot_coordinator__pb2.ReadDataRequest.SerializeToString,
                 response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.DataChunk.FromString,
                 _registered_method=True)
+        self.GetCheckpoint = channel.unary_stream(
+                '/cotrain.v1.Coordinator/GetCheckpoint',
+                request_serializer=cotrain_dot_v1_dot_coordinator__pb2.GetCheckpointRequest.SerializeToString,
+                response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.CheckpointChunk.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -100,6 +105,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCheckpoint(self, request, context):
+        """The latest checkpoint, for a node that finds no peer to download the swarm's state from. NOT_FOUND if none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +139,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ReadData,
                     request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.ReadDataRequest.FromString,
                     response_serializer=cotrain_dot_v1_dot_coordinator__pb2.DataChunk.SerializeToString,
+            ),
+            'GetCheckpoint': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetCheckpoint,
+                    request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.GetCheckpointRequest.FromString,
+                    response_serializer=cotrain_dot_v1_dot_coordinator__pb2.CheckpointChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +281,33 @@ class Coordinator:
             '/cotrain.v1.Coordinator/ReadData',
             cotrain_dot_v1_dot_coordinator__pb2.ReadDataRequest.SerializeToString,
             cotrain_dot_v1_dot_coordinator__pb2.DataChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/cotrain.v1.Coordinator/GetCheckpoint',
+            cotrain_dot_v1_dot_coordinator__pb2.GetCheckpointRequest.SerializeToString,
+            cotrain_dot_v1_dot_coordinator__pb2.CheckpointChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63otrain/v1/swarm.proto\x12\ncotrain.v1\"+\n\x0c\x46\x65tchRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\")\n\nFetchChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63otrain/v1/swarm.proto\x12\ncotrain.v1\"+\n\x0c\x46\x65tchRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\"8\n\nFetchChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\r\n\x05total\x18\x03 \x01(\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,5 +34,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FETCHREQUEST']._serialized_start=38
   _globals['_FETCHREQUEST']._serialized_end=81
   _globals['_FETCHCHUNK']._serialized_start=83
-  _globals['_FETCHCHUNK']._serialized_end=124
+  _globals['_FETCHCHUNK']._serialized_end=139
 # @@protoc_insertion_point(module_scope)

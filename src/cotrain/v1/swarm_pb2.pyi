@@ -13,9 +13,11 @@ class FetchRequest(_message.Message):
     def __init__(self, key: _Optional[str] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class FetchChunk(_message.Message):
-    __slots__ = ("data", "found")
+    __slots__ = ("data", "found", "total")
     DATA_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     found: bool
-    def __init__(self, data: _Optional[bytes] = ..., found: _Optional[bool] = ...) -> None: ...
+    total: int
+    def __init__(self, data: _Optional[bytes] = ..., found: _Optional[bool] = ..., total: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,107 @@
+"""Shrink and perturb at small scale (Ash and Adams, "On Warm-Starting Neural Network Training", NeurIPS 2020).
+
+    python bench/warmstart.py [--steps1 1500] [--steps2 800] [--json FILE]
+
+A char LSTM trains on the first half of tinyshakespeare's training text; then training continues on all of it for
+the same number of steps three ways, side by side: (a) from a fresh initialization, (b) from the first model as it
+is (naive warm start), (c) from the first model shrunk and perturbed (theta <- 0.6 theta + 0.01 epsilon, epsilon
+from the model's initializer). Prints validation loss and wall time of each. One process, one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from common import default_text, print_table, write_json  # noqa: E402
+
+from cotrain.config import RunConfig  # noqa: E402
+from cotrain.data import Corpus, StreamBatches  # noqa: E402
+from cotrain.evaluation import evaluate_lm  # noqa: E402
+from cotrain.models import build_model  # noqa: E402
+from cotrain.warmstart import fresh_parameters, shrink_perturb  # noqa: E402
+
+
+def train(model, corpus: Corpus, end: int, steps: int, cfg: RunConfig, seed: int) -> float:
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optimizer.lr, weight_decay=cfg.optimizer.weight_decay)
+    batches = StreamBatches(corpus.read, 0, end, cfg.data.batch_size, cfg.data.seq_len)
+    started, state = time.monotonic(), None
+    model.train()
+    for step in range(steps):
+        lr = cfg.optimizer.min_lr + 0.5 * (cfg.optimizer.lr - cfg.optimizer.min_lr) * (1 + math.cos(math.pi * step / steps))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        x, y, new_epoch = batches.next_batch()
+        if new_epoch:
+            state = None
+        logits, state = model(x, state)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optimizer.grad_clip)
+        opt.step()
+        state = model.detach_state(state)
+    return time.monotonic() - started
+
+
+def val_loss(model, corpus: Corpus, cfg: RunConfig) -> float:
+    return evaluate_lm(model, corpus.read, corpus.val.start, corpus.val.end, cfg.data.seq_len, batch_size=16).loss
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=None, help="text file (default ../shared/data/tinyshakespeare.txt)")
+    parser.add_argument("--steps1", type=int, default=1500, help="steps on the first half")
+    parser.add_argument("--steps2", type=int, default=800, help="steps on all of it, for each of the three")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--shrink", type=float, default=0.6)
+    parser.add_argument("--perturb", type=float, default=0.01)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    cfg = RunConfig.from_dict(dict(
+        model={"kind": "lstm", "embed_dim": 64, "hidden_size": args.hidden, "num_layers": 1, "dropout": 0.0},
+        data={"source": args.data or default_text(), "seq_len": 64, "batch_size": 32},
+        optimizer={"lr": 3e-3, "min_lr": 3e-4}, device="cpu"))
+    corpus = Corpus.from_source(cfg.data.source, val_fraction=0.1)
+    half = corpus.train.end // 2
+
+    torch.manual_seed(0)
+    first = build_model(cfg)
+    t1 = train(first, corpus, half, args.steps1, cfg, seed=1)
+    first_loss = val_loss(first, corpus, cfg)
+    print(f"first model: {args.steps1} steps on half the training text in {t1:.0f}s, val loss {first_loss:.4f}",
+          flush=True)
+
+    results = {}
+    torch.manual_seed(100)
+    fresh = build_model(cfg)
+    naive = copy.deepcopy(first)
+    sp = build_model(cfg)
+    noise = fresh_parameters(lambda: build_model(cfg), seed=200)
+    sp.load_state_dict(shrink_perturb(dict(first.named_parameters()), noise, args.shrink, args.perturb))
+    for name, model in (("fresh", fresh), ("naive", naive), ("shrink_perturb", sp)):
+        wall = train(model, corpus, corpus.train.end, args.steps2, cfg, seed=2)
+        results[name] = {"val_loss": val_loss(model, corpus, cfg), "wall_s": wall}
+        print(f"  {name:15} val loss {results[name]['val_loss']:.4f}  ({wall:.0f}s)", flush=True)
+    print_table(f"continue on all the training text for {args.steps2} steps (LSTM 1x{args.hidden})",
+                ["start", "val loss", "val BPC", "wall s"],
+                [[k, v["val_loss"], v["val_loss"] / math.log(2), v["wall_s"]] for k, v in results.items()])
+    write_json(args.json, dict(results, first={"val_loss": first_loss, "wall_s": t1, "steps": args.steps1},
+                               steps2=args.steps2, shrink=args.shrink, perturb=args.perturb))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

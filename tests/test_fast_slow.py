@@ -9,14 +9,6 @@ import torch.nn.functional as F
 from cotrain.models.fast_slow import FastSlowLM, FastSlowRNN, LayerNormLSTMCell
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These models are tiny: one intra-op thread is much faster than several fighting over shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def random_state(batch, fast_size, slow_size):
     return ((torch.randn(batch, fast_size), torch.randn(batch, fast_size)),

@@ -15,13 +15,6 @@ from cotrain.models.world import ActionsWorldModel, MDNRNN, build_world_model
 from cotrain.world_eval import evaluate_world_model
 
 
-@pytest.fixture(autouse=True)
-def _few_threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def pendulum() -> Rollouts:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-VOCAB_SIZE = 256
+from cotrain.models.rnn_lm import VOCAB_SIZE, ByteLanguageModel
 
 
 def _zoneout(prev: torch.Tensor, new: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -125,30 +125,12 @@ class FastSlowRNN(nn.Module):
         return torch.stack(outputs, dim=1), (fast_state, slow_state)
 
 
-class FastSlowLM(nn.Module):
-    """Byte embedding -> FastSlowRNN -> dropout -> linear head over the byte values.
-
-    A drop-in for ``RNNLanguageModel``: ``logits, state = model(tokens, state)``, ``model.detach_state(state)``.
-    """
+class FastSlowLM(ByteLanguageModel):
+    """Byte embedding -> FastSlowRNN -> dropout -> linear head over the byte values ("an affine map of Fk's output
+    is the prediction"). A drop-in for ``RNNLanguageModel``."""
 
     def __init__(self, embed_dim: int = 64, fast_size: int = 256, slow_size: int = 256, fast_cells: int = 2,
                  zoneout_cell: float = 0.0, zoneout_hidden: float = 0.0, dropout: float = 0.0,
                  vocab_size: int = VOCAB_SIZE):
-        super().__init__()
-        self.embed = nn.Embedding(vocab_size, embed_dim)
-        self.rnn = FastSlowRNN(embed_dim, fast_size, slow_size, fast_cells, zoneout_cell, zoneout_hidden)
-        self.drop = nn.Dropout(dropout)
-        self.head = nn.Linear(fast_size, vocab_size)
-
-    def forward(self, tokens: torch.Tensor, state=None):
-        """tokens: (batch, time) int64 -> logits (batch, time, vocab), new state."""
-        out, state = self.rnn(self.embed(tokens), state)
-        return self.head(self.drop(out)), state
-
-    @staticmethod
-    def detach_state(state):
-        if state is None:
-            return None
-        if isinstance(state, tuple):
-            return tuple(FastSlowLM.detach_state(s) for s in state)
-        return state.detach()
+        core = FastSlowRNN(embed_dim, fast_size, slow_size, fast_cells, zoneout_cell, zoneout_hidden)
+        super().__init__(embed_dim, core, fast_size, dropout, vocab_size)

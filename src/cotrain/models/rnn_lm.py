@@ -12,19 +12,18 @@ from torch import nn
 VOCAB_SIZE = 256
 
 
-class RNNLanguageModel(nn.Module):
-    def __init__(self, kind: str = "lstm", embed_dim: int = 64, hidden_size: int = 256, num_layers: int = 2,
-                 dropout: float = 0.1, vocab_size: int = VOCAB_SIZE):
+class ByteLanguageModel(nn.Module):
+    """Embedding -> a recurrent core -> dropout -> linear head over the 256 byte values.
+
+    The core maps (batch, time, embed_dim) and a state to (batch, time, out_size) and a new state; the state is any
+    nest of tuples of tensors, carried by the caller across batches of a stream (truncated BPTT)."""
+
+    def __init__(self, embed_dim: int, core: nn.Module, out_size: int, dropout: float, vocab_size: int = VOCAB_SIZE):
         super().__init__()
-        if kind not in ("lstm", "gru"):
-            raise ValueError(f"model.kind: expected 'lstm' or 'gru', got {kind!r}")
-        self.kind = kind
         self.embed = nn.Embedding(vocab_size, embed_dim)
-        rnn_cls = nn.LSTM if kind == "lstm" else nn.GRU
-        self.rnn = rnn_cls(embed_dim, hidden_size, num_layers, batch_first=True,
-                           dropout=dropout if num_layers > 1 else 0.0)
+        self.rnn = core
         self.drop = nn.Dropout(dropout)
-        self.head = nn.Linear(hidden_size, vocab_size)
+        self.head = nn.Linear(out_size, vocab_size)
 
     def forward(self, tokens: torch.Tensor, state=None):
         """tokens: (batch, time) int64 -> logits (batch, time, vocab), new state."""
@@ -36,5 +35,16 @@ class RNNLanguageModel(nn.Module):
         if state is None:
             return None
         if isinstance(state, tuple):
-            return tuple(s.detach() for s in state)
+            return tuple(ByteLanguageModel.detach_state(s) for s in state)
         return state.detach()
+
+
+class RNNLanguageModel(ByteLanguageModel):
+    def __init__(self, kind: str = "lstm", embed_dim: int = 64, hidden_size: int = 256, num_layers: int = 2,
+                 dropout: float = 0.1, vocab_size: int = VOCAB_SIZE):
+        if kind not in ("lstm", "gru"):
+            raise ValueError(f"model.kind: expected 'lstm' or 'gru', got {kind!r}")
+        rnn_cls = nn.LSTM if kind == "lstm" else nn.GRU
+        core = rnn_cls(embed_dim, hidden_size, num_layers, batch_first=True, dropout=dropout if num_layers > 1 else 0.0)
+        super().__init__(embed_dim, core, hidden_size, dropout, vocab_size)
+        self.kind = kind

@@ -11,7 +11,7 @@ TORCH ?= torch==2.13.0
 PIP_TORCH_FLAGS ?=
 PYTEST_FLAGS ?=
 
-.PHONY: demo test protos bench clean
+.PHONY: demo test protos bench clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,14 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed
 	$(BIN)/cotrain demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed browser
 	$(BIN)/python -m pytest $(PYTEST_FLAGS)
+
+# the dashboard test drives Debian's chromium headless; install it where we may (root, as in CI)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
+	  echo "chromium not installed: the dashboard's browser test will be skipped"; }
 
 protos: $(VENV)/.installed
 	$(BIN)/python protos/generate.py

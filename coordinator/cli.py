@@ -27,6 +27,8 @@ def add_parser(subparsers) -> None:
     warm.add_argument("--warm-start", metavar="CHECKPOINT", help="start the run from this checkpoint")
     warm.add_argument("--shrink", type=float, default=None, help="lambda of shrink and perturb (default 0.6)")
     warm.add_argument("--perturb", type=float, default=None, help="sigma of shrink and perturb (default 0.01)")
+    start.add_argument("--http-port", type=int, default=None,
+                       help="serve the dashboard and Prometheus /metrics on this port (0: any free port)")
     start.add_argument("--dht-port", type=int, default=0, help="TCP port of the DHT bootstrap peer (0: any free)")
     tls = start.add_argument_group("TLS (required unless --insecure)")
     tls.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
@@ -53,8 +55,9 @@ def add_parser(subparsers) -> None:
 def cmd_start(args) -> int:
     if not args.insecure and not (args.tls_cert and args.tls_key):
         raise SystemExit("coordinator start: pass --tls-cert and --tls-key, or --insecure for plaintext")
-    if not 0 <= args.dht_port <= 65535:
-        raise SystemExit(f"--dht-port: must be in 0..65535, got {args.dht_port}")
+    for flag, port in (("--dht-port", args.dht_port), ("--http-port", args.http_port)):
+        if port is not None and not 0 <= port <= 65535:
+            raise SystemExit(f"{flag}: must be in 0..65535, got {port}")
     for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
         if path is not None and not path.is_file():
             raise SystemExit(f"{flag}: no such file {path}")
@@ -66,7 +69,8 @@ def cmd_start(args) -> int:
                                     ("perturb", args.perturb)) if v is not None}
         cfg = (cfg or RunConfig()).with_overrides(warm_start=values)
     options = CoordinatorOptions(listen=args.listen, state_dir=args.state_dir, dht_port=args.dht_port,
-                                 insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key)
+                                 insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                                 http_port=args.http_port)
     asyncio.run(serve(cfg, options))
     return 0
 

@@ -25,6 +25,9 @@ class NodeView:
     left: bool
     samples_per_s: float
     loss: float
+    step: int = 0
+    partial_rounds: int = 0
+    rounds_completed: int = 0
 
 
 def node_state(now: float, node: NodeView, peers: Sequence[NodeView], heartbeat_interval: float,
@@ -36,14 +39,29 @@ def node_state(now: float, node: NodeView, peers: Sequence[NodeView], heartbeat_
     limit = heartbeat_interval * lost_after_missed
     if silent > limit:
         return LOST, f"no heartbeat for {silent:.0f}s (limit {limit:.0f}s)"
-    if node.loss != node.loss or node.loss in (float("inf"), float("-inf")):
-        return STRAGGLER, "loss is not finite"
+    if node.loss in (float("inf"), float("-inf")) or (node.loss != node.loss and node.step > 0):
+        return STRAGGLER, f"loss is {node.loss}, updates dropped"
     online = [p.samples_per_s for p in peers if not p.left and now - p.last_seen <= limit and p.samples_per_s > 0]
     if len(online) >= 2 and node.samples_per_s > 0:
         median = statistics.median(online)
         if node.samples_per_s < STRAGGLER_FRACTION * median:
             return STRAGGLER, f"{median / node.samples_per_s:.1f}x slower than the median"
     return HEALTHY, "ok"
+
+
+def swarm_alerts(rows: Sequence[tuple[NodeView, str, str]]) -> list[str]:
+    """Alerts in words from (node, state, reason) rows: stragglers, non-finite losses, lost nodes, partial rounds."""
+    alerts = []
+    for node, state, reason in rows:
+        if state == STRAGGLER:
+            alerts.append(f"{node.name}: {reason}" + ("" if "loss" in reason else ": straggler"))
+        elif state == LOST:
+            alerts.append(f"{node.name}: lost ({reason}); its data went back to the pool")
+        if node.partial_rounds and state in (HEALTHY, STRAGGLER):
+            total = node.rounds_completed or node.partial_rounds
+            alerts.append(f"{node.name}: {node.partial_rounds} of {total} rounds averaged without every peer's "
+                          f"contribution")
+    return alerts
 
 
 def active_nodes(now: float, nodes: Iterable[NodeView], heartbeat_interval: float,

@@ -27,6 +27,7 @@ from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
 from cotrain.coordinator.checkpointer import Checkpointer
 from cotrain.coordinator.service import CoordinatorService, RunInfo, SwarmSummary
 from cotrain.coordinator.store import Store
+from cotrain.coordinator.web import WebServer
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class CoordinatorOptions:
     insecure: bool = False
     tls_cert: Optional[Path] = None
     tls_key: Optional[Path] = None
+    #: port of the dashboard and /metrics (None: no HTTP server; 0: any free port)
+    http_port: Optional[int] = None
 
 
 def resolve_run(cfg: Optional[RunConfig], store: Store) -> tuple[str, RunConfig]:
@@ -123,22 +126,35 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
     await health_servicer.set("cotrain.v1.Coordinator", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     checkpointer.start()
+    loop = asyncio.get_running_loop()
+
+    async def snapshot():
+        return service.health()
+
+    web = None
+    if options.http_port is not None:
+        web = WebServer(host, options.http_port,
+                        lambda: asyncio.run_coroutine_threadsafe(snapshot(), loop).result(timeout=10), store)
+        web.start()
 
     address = f"{host}:{bound}"
-    info = dict(address=address, run_id=run_id, dht=visible_maddrs(dht), tls=not options.insecure)
+    info = dict(address=address, run_id=run_id, dht=visible_maddrs(dht), tls=not options.insecure,
+                http=f"http://{host}:{web.port}" if web else None)
     atomic_write_bytes(options.state_dir / "coordinator.json", json.dumps(info, indent=1).encode())
     logger.info("coordinator of run %s listening on %s (%s); DHT at %s", run_id, address,
                 "plaintext" if options.insecure else "TLS", " ".join(info["dht"]))
-    print(f"coordinator listening on {address} run={run_id}", flush=True)
+    print(f"coordinator listening on {address} run={run_id}" + (f" dashboard {info['http']}" if web else ""),
+          flush=True)
 
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
     finally:
         logger.info("coordinator shutting down")
+        if web is not None:
+            web.stop()
         await health_servicer.enter_graceful_shutdown()
         await server.stop(grace=2.0)
         checkpointer.stop()

@@ -23,7 +23,8 @@ from cotrain.protocol import MAX_READ_BYTES, PROTOCOL_VERSION, SUPPORTED_PROTOCO
 from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
 
-from cotrain.coordinator.membership import Assignment, NodeView, active_nodes, assign_shards, node_state
+from cotrain.coordinator.membership import (Assignment, NodeView, active_nodes, assign_shards, node_state,
+                                            swarm_alerts)
 from cotrain.coordinator.store import NodeRecord, Store, hash_secret
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,8 @@ MAX_NAME_LEN = 64
 CHECKPOINT_CHUNK = 1 << 20
 MAX_TOKEN_LEN = 256
 METRIC_FIELDS = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch",
-                 "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s")
+                 "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s", "state_bytes_sent",
+                 "state_bytes_received")
 
 
 @dataclass
@@ -88,7 +90,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     # ---- helpers -------------------------------------------------------------------------------------------------
     def _views(self) -> list[NodeView]:
         return [NodeView(n.node_id, n.name, n.joined, n.last_seen, n.left, float(n.metrics.get("samples_per_s", 0.0)),
-                         float(n.metrics.get("loss", math.nan))) for n in self.nodes.values()]
+                         float(n.metrics.get("loss", math.nan)), int(n.metrics.get("step", 0)),
+                         int(n.metrics.get("partial_rounds", 0)), int(n.metrics.get("rounds_completed", 0)))
+                for n in self.nodes.values()]
 
     def _reassign(self) -> None:
         active = active_nodes(self.clock(), self._views(), self.run.heartbeat_interval, self.run.lost_after_missed)
@@ -230,25 +234,25 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         now = self.clock()
         self._reassign()  # lost nodes give their data back
         views = self._views()
-        rows, alerts = [], list(self.summary.alerts)
+        rows, states = [], []
         totals = pb.SwarmTotals(val_loss=self.summary.val_loss, val_bpc=self.summary.val_bpc,
                                 val_round=self.summary.val_round, latest_checkpoint=self.summary.latest_checkpoint,
                                 latest_checkpoint_round=self.summary.latest_checkpoint_round,
                                 val_metrics={k: float(v) for k, v in self.summary.val_metrics.items()})
         for view, node in zip(views, self.nodes.values()):
             state, reason = node_state(now, view, views, self.run.heartbeat_interval, self.run.lost_after_missed)
+            states.append((view, state, reason))
             m = pb.NodeMetrics(**{k: v for k, v in node.metrics.items() if k in METRIC_FIELDS})
             rows.append(pb.NodeHealth(node_id=node.node_id, node_name=node.name, state=state, metrics=m,
                                       last_seen_unix=node.last_seen, joined_unix=node.joined, reason=reason))
             if state in ("healthy", "straggler"):
                 totals.nodes_online += 1
                 totals.samples_per_s += m.samples_per_s
-            if state == "straggler":
-                alerts.append(f"{node.name}: {reason}: straggler")
             totals.global_round = max(totals.global_round, m.round)
             totals.samples_total = max(totals.samples_total, m.samples_total)
             totals.bytes_sent += m.bytes_sent
             totals.bytes_received += m.bytes_received
+        alerts = list(self.summary.alerts) + swarm_alerts(states)
         return pb.SwarmHealth(run_id=self.run.run_id, nodes=rows, totals=totals, alerts=alerts, now_unix=now)
 
     def global_round(self) -> int:

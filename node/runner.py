@@ -234,8 +234,9 @@ class Node:
 
         batches = task.train_data(read, assignment.start, assignment.end, assignment.seed)
         state = None
-        started, last_log = time.monotonic(), time.monotonic()
+        started, last_log, last_status = time.monotonic(), time.monotonic(), 0.0
         self.metrics.started = started
+        status = TerminalStatus()
         while not self.stop.is_set():
             if self.pending_assignment is not None:
                 a, self.pending_assignment = self.pending_assignment, None
@@ -267,6 +268,11 @@ class Node:
             self.metrics.update(value, samples, batches.epoch, time.monotonic() - compute_started)
             averaging.after_local_step(samples)
             now = time.monotonic()
+            if now - last_status >= 1.0:
+                last_status = now
+                status.update(f"step {self.metrics.step}  round {averaging.round}  loss {self.metrics.loss:.3f}  "
+                              f"{self.metrics.samples_per_s:.1f} samples/s  group {averaging.stats.last_group_size}  "
+                              f"sent {averaging.exchange.bytes_sent / 1e6:.1f} MB")
             if now - last_log >= self.options.log_every_s:
                 last_log = now
                 s = averaging.stats
@@ -279,6 +285,7 @@ class Node:
                 self.request_stop(f"reached --max-steps {self.options.max_steps}")
             if self.options.duration and now - started >= self.options.duration:
                 self.request_stop(f"ran for --duration {self.options.duration:g}s")
+        status.stop()
 
     def _save_last(self, cfg: RunConfig) -> None:
         """Keep the node's copy of the shared model (``STATE_DIR/last.safetensors``) for a later resume."""
@@ -299,7 +306,9 @@ class Node:
                                   samples_total=a.samples_total, epoch=m.epoch,
                                   partial_rounds=s.partial_rounds, rounds_completed=s.rounds_completed,
                                   samples_local=m.samples_total, compute_s=m.compute_s,
-                                  wall_s=time.monotonic() - m.started)
+                                  wall_s=time.monotonic() - m.started,
+                                  state_bytes_sent=a.exchange.state_bytes_sent,
+                                  state_bytes_received=a.exchange.state_bytes_received)
 
     def _heartbeat_loop(self, interval: float) -> None:
         unreachable_since = None
@@ -318,6 +327,26 @@ class Node:
                 self.request_stop(f"coordinator asked to drain: {response.reason}")
             elif response.command == pb.REASSIGN and response.assignment.num_shards > 0:
                 self.pending_assignment = response.assignment
+
+
+class TerminalStatus:
+    """A live status line on a terminal (rich); nothing when the node runs as a service."""
+
+    def __init__(self):
+        self._status = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+
+            self._status = Console(stderr=True).status("training")
+            self._status.start()
+
+    def update(self, text: str) -> None:
+        if self._status is not None:
+            self._status.update(text)
+
+    def stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -49,13 +50,14 @@ def tiny_config(corpus: Path, **overrides) -> RunConfig:
 
 
 class RunningCoordinator:
-    def __init__(self, tmp: Path, cfg: RunConfig):
+    def __init__(self, tmp: Path, cfg: RunConfig, extra=()):
         self.state_dir = tmp / "coordinator"
         self.config_path = tmp / "run.toml"
         self.config_path.write_text(cfg.to_toml())
         self.cfg = cfg
         self.token = Store(self.state_dir).create_token("tests")
-        self.proc, self.address = start_coordinator(self.state_dir, self.config_path)
+        self.proc, self.address = start_coordinator(self.state_dir, self.config_path, extra=extra)
+        self.info = json.loads((self.state_dir / "coordinator.json").read_text())
 
     def stop(self) -> int:
         return self.proc.stop(30)

@@ -3,11 +3,11 @@ import math
 import pytest
 
 from cotrain.coordinator.membership import (HEALTHY, LEFT, LOST, STRAGGLER, NodeView, active_nodes, assign_shards,
-                                            node_state)
+                                            node_state, swarm_alerts)
 
 
-def view(name, last_seen=100.0, sps=10.0, loss=2.0, left=False, joined=0.0):
-    return NodeView(name, name, joined, last_seen, left, sps, loss)
+def view(name, last_seen=100.0, sps=10.0, loss=2.0, left=False, joined=0.0, step=10, partial=0, rounds=0):
+    return NodeView(name, name, joined, last_seen, left, sps, loss, step, partial, rounds)
 
 
 @pytest.mark.parametrize("node, peers, expected", [
@@ -17,6 +17,7 @@ def view(name, last_seen=100.0, sps=10.0, loss=2.0, left=False, joined=0.0):
     (view("a", last_seen=91.0), [], HEALTHY),  # 9 s silent < 10 s
     (view("a", sps=2.0), [view("a", sps=2.0), view("b", sps=10.0), view("c", sps=12.0)], STRAGGLER),
     (view("a", loss=math.nan), [], STRAGGLER),
+    (view("a", loss=math.nan, step=0), [], HEALTHY),  # no loss reported yet
 ])
 def test_node_state(node, peers, expected):
     state, reason = node_state(100.0, node, peers, heartbeat_interval=2.0, lost_after_missed=5)
@@ -42,3 +43,33 @@ def test_shards_cover_the_range_without_overlap():
 def test_active_nodes_excludes_lost_and_left_in_join_order():
     nodes = [view("b", joined=2.0), view("a", joined=1.0), view("c", left=True), view("d", last_seen=0.0)]
     assert [n.node_id for n in active_nodes(100.0, nodes, 2.0, 5)] == ["a", "b"]
+
+
+def test_alerts_in_words():
+    nodes = [view("bob", sps=3.0), view("alice", sps=10.0), view("dave", sps=9.3), view("carol", loss=math.nan),
+             view("erin", last_seen=0.0), view("frank", partial=1, rounds=4)]
+    rows = [(n, *node_state(100.0, n, nodes, 2.0, 5)) for n in nodes]
+    alerts = swarm_alerts(rows)
+    assert "bob: 3.3x slower than the median: straggler" in alerts  # median of 3, 10, 9.3, 10, 10, 10 is 10
+    assert "carol: loss is nan, updates dropped" in alerts
+    assert any(a.startswith("erin: lost") for a in alerts)
+    assert "frank: 1 of 4 rounds averaged without every peer's contribution" in alerts
+    assert not any(a.startswith(("alice", "dave")) for a in alerts)
+
+
+def test_history_view_builds_the_dashboard_curves():
+    from cotrain.coordinator.web import history_view
+
+    rows = [(100.0, "a", {"loss": 3.0, "samples_per_s": 10.0, "bytes_sent": 5, "samples_local": 50}),
+            (101.0, "b", {"loss": float("nan"), "samples_per_s": 20.0, "bytes_sent": 7, "samples_local": 80,
+                          "rounds_completed": 2}),
+            (112.0, "a", {"loss": 2.5, "samples_per_s": 12.0, "bytes_sent": 9, "samples_local": 90})]
+    evals = [(105.0, 1, 2.9, float("nan"), {})]
+    view_ = history_view(rows, evals, {"a": "alice", "b": "bob"}, bucket_s=10.0)
+    assert [b["online"] for b in view_["buckets"]] == [2, 1]
+    assert view_["buckets"][0]["samples_per_s"] == 30.0
+    assert view_["buckets"][1]["bytes_sent"] == 9 + 7  # each node's latest counter, summed
+    assert [c["name"] for c in view_["leaderboard"]] == ["alice", "bob"]
+    assert view_["leaderboard"][0]["online_s"] == 12.0
+    assert view_["points"][1]["loss"] is None  # NaN is not JSON
+    assert view_["evals"] == [{"t": 105.0, "round": 1, "val_loss": 2.9, "val_bpc": None}]

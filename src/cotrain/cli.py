@@ -13,9 +13,26 @@ from pathlib import Path
 from cotrain.exit_codes import ExitCode
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line, for a node or coordinator run as a service (journald, a log shipper)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+
+        entry = {"time": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
+                 "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _setup_logging(level: str, fmt: str = "auto") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json" or (fmt == "auto" and not sys.stderr.isatty() and os.environ.get("INVOCATION_ID")):
+        handler.setFormatter(JsonLogFormatter())  # INVOCATION_ID: started by systemd
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
     for noisy in ("hivemind", "asyncio"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
@@ -27,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cotrain", description="Train one neural network together over the internet.")
     parser.add_argument("--log-level", default=os.environ.get("COTRAIN_LOG_LEVEL", "info"),
                         choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--log-format", default=os.environ.get("COTRAIN_LOG_FORMAT", "auto"),
+                        choices=("auto", "text", "json"),
+                        help="json: one object per line (auto: json when run by systemd, else text)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     node_cli.add_parser(sub)
     coordinator_cli.add_parser(sub)
@@ -119,7 +139,7 @@ def cmd_demo(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.log_level)
+    _setup_logging(args.log_level, args.log_format)
     from cotrain.checkpoint import CheckpointError
     from cotrain.config import ConfigError
     from cotrain.coordinator.server import StateDirError

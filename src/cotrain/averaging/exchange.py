@@ -3,7 +3,8 @@
 Every peer publishes pieces under string keys; its groupmates fetch them (``FetchRequest`` -> stream of
 ``FetchChunk``). A fetch for a piece not published yet waits for it up to ``wait_s``, so peers that reach a phase
 at slightly different times still meet. Every byte served and fetched is counted: these are the bytes the node
-actually put on, and took off, the wire for averaging.
+actually put on, and took off, the wire: ``bytes_sent``/``bytes_received`` for averaging, ``state_bytes_sent``/
+``state_bytes_received`` for the shared state served to joining peers and the coordinator's checkpointer.
 
 The exchange runs its own asyncio loop in a background thread of the node process and talks to the libp2p
 daemon that the node's DHT started (``dht.replicate_p2p``): no second daemon, no extra port.
@@ -34,6 +35,8 @@ class Exchange:
         self.keep_tags = keep_tags
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.state_bytes_sent = 0
+        self.state_bytes_received = 0
         self._outbox: dict[str, bytes] = {}
         self._tags: list[str] = []
         self._providers: dict[str, Callable[[], Optional[bytes]]] = {}
@@ -94,7 +97,7 @@ class Exchange:
             except Exception as e:
                 logger.warning("could not build %s for a peer: %r", request.key, e)
                 data = None
-            async for chunk in self._chunks(data):
+            async for chunk in self._chunks(data, state=True):
                 yield chunk
             return
         deadline = time.monotonic() + min(max(request.wait_s, 0.0), 600.0)
@@ -107,18 +110,21 @@ class Exchange:
         async for chunk in self._chunks(self._outbox.get(request.key)):
             yield chunk
 
-    async def _chunks(self, data: Optional[bytes]):
+    async def _chunks(self, data: Optional[bytes], state: bool = False):
         if data is None:
             yield pb.FetchChunk(found=False)
             return
         for start in range(0, max(len(data), 1), CHUNK_BYTES):
             piece = data[start: start + CHUNK_BYTES]
-            self.bytes_sent += len(piece)
+            if state:
+                self.state_bytes_sent += len(piece)
+            else:
+                self.bytes_sent += len(piece)
             yield pb.FetchChunk(data=piece, found=True, total=len(data) if start == 0 else 0)
 
     # ---- fetching ------------------------------------------------------------------------------------------------
     async def _fetch(self, peer: PeerID, key: str, wait_s: float,
-                     on_progress: Optional[Callable[[int, int], None]] = None) -> Optional[bytes]:
+                     on_progress: Optional[Callable[[int, int], None]] = None, state: bool = False) -> Optional[bytes]:
         out = bytearray()
         total = 0
         try:
@@ -131,7 +137,10 @@ class Exchange:
                 out += chunk.data
                 chunks += 1
                 total = total or chunk.total
-                self.bytes_received += len(chunk.data)
+                if state:
+                    self.state_bytes_received += len(chunk.data)
+                else:
+                    self.bytes_received += len(chunk.data)
                 if on_progress is not None:
                     on_progress(len(out), total)
         except Exception as e:  # the peer died, its daemon refused, the stream broke
@@ -150,10 +159,11 @@ class Exchange:
         return [r if isinstance(r, bytes) else None for r in results]
 
     def fetch(self, peer: PeerID, key: str, wait_s: float, timeout: float,
-              on_progress: Optional[Callable[[int, int], None]] = None) -> Optional[bytes]:
-        """One piece from one peer; ``on_progress(received, total)`` after every chunk."""
+              on_progress: Optional[Callable[[int, int], None]] = None, state: bool = False) -> Optional[bytes]:
+        """One piece from one peer; ``on_progress(received, total)`` after every chunk. ``state``: count the bytes
+        as a state download, not as averaging."""
         try:
-            return self._run(asyncio.wait_for(self._fetch(peer, key, wait_s, on_progress), timeout=timeout))
+            return self._run(asyncio.wait_for(self._fetch(peer, key, wait_s, on_progress, state), timeout=timeout))
         except (asyncio.TimeoutError, TimeoutError):
             return None
 

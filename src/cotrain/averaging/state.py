@@ -39,7 +39,7 @@ def download_state(exchange: Exchange, donors: Sequence[PeerProgress], timeout: 
             peer = PeerID.from_base58(donor.peer_id)
         except Exception:
             continue
-        data = exchange.fetch(peer, STATE_KEY, wait_s=0.0, timeout=timeout, on_progress=on_progress)
+        data = exchange.fetch(peer, STATE_KEY, wait_s=0.0, timeout=timeout, on_progress=on_progress, state=True)
         if not data:
             logger.info("peer %s sent no state; trying the next", donor.peer_id[-8:])
             continue

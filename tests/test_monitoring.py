@@ -1,0 +1,90 @@
+"""Watching a live swarm: status JSON, Prometheus /metrics, and the dashboard in a real headless browser."""
+
+import json
+import os
+import shutil
+import subprocess
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cotrain.launch import start_node, wait_for
+from cotrain.node.client import CoordinatorClient
+
+from conftest import RunningCoordinator, tiny_config
+
+pytestmark = pytest.mark.swarm
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def live_swarm(tmp_path_factory, corpus_file):
+    tmp = tmp_path_factory.mktemp("monitored")
+    running = RunningCoordinator(tmp, tiny_config(corpus_file, averaging={"inner_steps": 30}),
+                                 extra=["--http-port", "0"])
+    nodes = [start_node(running.address, running.token, name, tmp / name,
+                        extra=["--threads", "1", "--wait-peers", "2"]) for name in ("alice", "bob")]
+    client = CoordinatorClient(running.address, insecure=True)
+    try:
+        wait_for(lambda: client.health().totals.latest_checkpoint_round >= 1 and
+                 all(n.metrics.rounds_completed >= 1 for n in client.health().nodes), 180,
+                 what="two nodes to average and a checkpoint", procs=nodes + [running.proc])
+        yield running, tmp
+    finally:
+        client.close()
+        for n in nodes:
+            n.stop(30)
+        running.stop()
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200
+        return response.read()
+
+
+def test_status_json_of_a_live_swarm(live_swarm):
+    running, _ = live_swarm
+    status = json.loads(get(running.info["http"] + "/api/status"))
+    assert sorted(n["node_name"] for n in status["nodes"]) == ["alice", "bob"]
+    assert status["totals"]["nodes_online"] == 2
+    assert all(n["state"] == "healthy" and n["metrics"]["bytes_sent"] > 0 for n in status["nodes"])
+    assert status["totals"]["val_loss"] is not None and status["totals"]["latest_checkpoint_round"] >= 1
+    history = json.loads(get(running.info["http"] + "/api/history"))
+    assert {c["name"] for c in history["leaderboard"]} == {"alice", "bob"}
+    assert history["evals"] and history["buckets"]
+
+
+def test_prometheus_metrics_parse(live_swarm):
+    running, _ = live_swarm
+    families = {f.name: f for f in text_string_to_metric_families(get(running.info["http"] + "/metrics").decode())}
+    assert families["cotrain_nodes_online"].samples[0].value == 2
+    per_node = {s.labels["node"]: s.value for s in families["cotrain_node_samples_per_second"].samples}
+    assert set(per_node) == {"alice", "bob"} and all(v > 0 for v in per_node.values())
+    sent = {s.labels["node"]: s.value for s in families["cotrain_node_bytes_sent"].samples
+            if s.name.endswith("_total")}
+    assert all(v > 0 for v in sent.values())
+    assert families["cotrain_val_loss"].samples[0].value > 0
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (the Makefile's test target installs it)")
+def test_dashboard_renders_in_a_headless_browser(live_swarm):
+    running, tmp = live_swarm
+    url = running.info["http"] + "/"
+    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+              f"--user-data-dir={tmp / 'chromium'}", "--window-size=1280,1600", "--virtual-time-budget=8000"]
+    dom = subprocess.run(common + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    assert 'data-loaded="yes"' in dom, dom[-2000:]
+    assert "alice" in dom and "bob" in dom
+    assert dom.count("main-svg") >= 5  # plotly drew the charts
+    shot = tmp / "dashboard.png"
+    subprocess.run(common + [f"--screenshot={shot}", url], capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 10_000
+    target = os.environ.get("COTRAIN_ARTIFACTS")
+    if target:
+        os.makedirs(target, exist_ok=True)
+        shutil.copy(shot, os.path.join(target, "dashboard.png"))
+    print(f"dashboard screenshot: {shot}")

@@ -88,3 +88,16 @@ def test_dashboard_renders_in_a_headless_browser(live_swarm):
         os.makedirs(target, exist_ok=True)
         shutil.copy(shot, os.path.join(target, "dashboard.png"))
     print(f"dashboard screenshot: {shot}")
+
+
+def test_grafana_dashboard_uses_only_metrics_we_export(live_swarm):
+    import re
+    from pathlib import Path
+
+    running, _ = live_swarm
+    exported = {s.name for f in text_string_to_metric_families(get(running.info["http"] + "/metrics").decode())
+                for s in f.samples}
+    dashboard = json.loads((Path(__file__).resolve().parents[1] / "deploy" / "grafana" /
+                            "cotrain-dashboard.json").read_text())
+    used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"cotrain_\w+", t["expr"])}
+    assert used and used <= exported, used - exported

@@ -84,6 +84,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.nodes: dict[str, NodeRecord] = {n.node_id: n for n in store.load_nodes()}
         self.assignments: dict[str, Assignment] = {}
         self.sent: dict[str, Assignment] = {}  # the assignment each node was last told
+        self.rates: dict[str, tuple[float, int, float]] = {}  # node -> (time, bytes_sent, bytes/s) of its last heartbeat
         self.assignment_reason = ""
         self._reassign()
 
@@ -171,7 +172,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         except InvalidField as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         was_active = not node.left and self.clock() - node.last_seen <= self.run.heartbeat_interval * self.run.lost_after_missed
-        node.last_seen, node.metrics = self.clock(), metrics
+        now = self.clock()
+        previous = self.rates.get(node.node_id)
+        rate = 0.0
+        if previous is not None and now > previous[0]:
+            rate = max(0.0, (metrics["bytes_sent"] - previous[1]) / (now - previous[0]))
+        self.rates[node.node_id] = (now, metrics["bytes_sent"], rate)
+        node.last_seen, node.metrics = now, metrics
         self.store.record_heartbeat(node)
         if node.left:
             return pb.HeartbeatResponse(command=pb.DRAIN, reason="this node left the swarm; join again")
@@ -244,7 +251,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             states.append((view, state, reason))
             m = pb.NodeMetrics(**{k: v for k, v in node.metrics.items() if k in METRIC_FIELDS})
             rows.append(pb.NodeHealth(node_id=node.node_id, node_name=node.name, state=state, metrics=m,
-                                      last_seen_unix=node.last_seen, joined_unix=node.joined, reason=reason))
+                                      last_seen_unix=node.last_seen, joined_unix=node.joined, reason=reason,
+                                      bytes_per_s=self.rates.get(node.node_id, (0, 0, 0.0))[2]
+                                      if state in ("healthy", "straggler") else 0.0))
             if state in ("healthy", "straggler"):
                 totals.nodes_online += 1
                 totals.samples_per_s += m.samples_per_s

@@ -163,7 +163,7 @@ class GetSwarmHealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeHealth(_message.Message):
-    __slots__ = ("node_id", "node_name", "state", "metrics", "last_seen_unix", "joined_unix", "reason")
+    __slots__ = ("node_id", "node_name", "state", "metrics", "last_seen_unix", "joined_unix", "reason", "bytes_per_s")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +171,7 @@ class NodeHealth(_message.Message):
     LAST_SEEN_UNIX_FIELD_NUMBER: _ClassVar[int]
     JOINED_UNIX_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     node_name: str
     state: str
@@ -178,7 +179,8 @@ class NodeHealth(_message.Message):
     last_seen_unix: float
     joined_unix: float
     reason: str
-    def __init__(self, node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., last_seen_unix: _Optional[float] = ..., joined_unix: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+    bytes_per_s: float
+    def __init__(self, node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., last_seen_unix: _Optional[float] = ..., joined_unix: _Optional[float] = ..., reason: _Optional[str] = ..., bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class SwarmTotals(_message.Message):
     __slots__ = ("nodes_online", "samples_per_s", "global_round", "samples_total", "bytes_sent", "bytes_received", "val_loss", "val_bpc", "val_round", "latest_checkpoint", "latest_checkpoint_round", "val_metrics")

@@ -31,6 +31,7 @@ from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
 from cotrain.node.client import CoordinatorClient
+from cotrain.node.limits import IdleMonitor, OtherProcessesLoad, pin_cpus, resident_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,11 @@ class NodeOptions:
     dht_host: str = "127.0.0.1"
     client_mode: bool = False
     log_every_s: float = 10.0
+    #: a volunteer's limits (0 / False: none); see cotrain.node.limits
+    max_cpus: int = 0
+    max_memory: int = 0
+    max_upload_mbps: float = 0.0
+    only_when_idle: bool = False
     #: before the first step, wait (up to wait_peers_timeout s) until this many peers are in the swarm
     wait_peers: int = 0
     wait_peers_timeout: float = 300.0
@@ -104,6 +110,7 @@ class Node:
         self.client = CoordinatorClient(options.coordinator, options.insecure, options.ca)
         self.metrics = Metrics()
         self.pending_assignment: Optional[pb.DataAssignment] = None
+        self.paused = False
         self.averaging: Optional[RoundAverager] = None
 
     # ---- identity ------------------------------------------------------------------------------------------------
@@ -149,7 +156,11 @@ class Node:
         cfg = RunConfig.from_toml(response.run.config_toml, origin="run config from the coordinator")
         logger.info("joined run %s as %s (node %s); %d initial peers", response.run.run_id, opts.name,
                     response.node_id[:8], len(response.initial_peers))
-        if opts.threads:
+        if opts.max_cpus:
+            cpus = pin_cpus(opts.max_cpus)
+            torch.set_num_threads(min(opts.threads or len(cpus), len(cpus)))
+            logger.info("limited to CPUs %s", cpus)
+        elif opts.threads:
             torch.set_num_threads(opts.threads)
         # saturated recurrent gates produce denormal floats, which x86 CPUs process many times slower
         torch.set_flush_denormal(True)
@@ -171,7 +182,7 @@ class Node:
                                       weight_decay=opt_cfg.weight_decay)
         try:
             self.averaging = build_strategy(model, optimizer, dht, response.run.run_id, cfg, peer_id=str(dht.peer_id),
-                                            client_mode=opts.client_mode)
+                                            client_mode=opts.client_mode, upload_bps=opts.max_upload_mbps * 1e6)
             self._install_signal_handlers()  # hivemind may have replaced them
             if opts.wait_peers > 1:
                 found = self.averaging.wait_for_peers(opts.wait_peers, opts.wait_peers_timeout, self.stop)
@@ -237,6 +248,8 @@ class Node:
         started, last_log, last_status = time.monotonic(), time.monotonic(), 0.0
         self.metrics.started = started
         status = TerminalStatus()
+        idle = IdleMonitor(OtherProcessesLoad()) if self.options.only_when_idle else None
+        last_idle_check = 0.0
         while not self.stop.is_set():
             if self.pending_assignment is not None:
                 a, self.pending_assignment = self.pending_assignment, None
@@ -244,6 +257,11 @@ class Node:
                 state = None
                 logger.info("new data assignment: shard %d of %d, bytes [%d, %d)", a.shard_index, a.num_shards,
                             a.start, a.end)
+            if idle is not None and time.monotonic() - last_idle_check >= 5.0:
+                last_idle_check = time.monotonic()
+                self._pause_while_busy(idle, status)
+                if self.stop.is_set():
+                    break
             batch, reset_state = batches.next()
             if reset_state:
                 state = None
@@ -287,6 +305,23 @@ class Node:
                 self.request_stop(f"ran for --duration {self.options.duration:g}s")
         status.stop()
 
+    def _pause_while_busy(self, idle: "IdleMonitor", status: "TerminalStatus") -> None:
+        """--only-when-idle: while the machine is in use, stop training (peers do not wait for a paused node),
+        keep heartbeating, and go on when it has been idle for a while."""
+        decision = idle.check()
+        if not decision.pause:
+            return
+        logger.info("%s", decision.reason)
+        self.paused = True
+        self.averaging.phase = "paused"
+        while decision.pause and not self.stop.is_set():
+            status.update(f"paused: {decision.reason}")
+            self.stop.wait(5.0)
+            decision = idle.check()
+        self.averaging.phase = "train"
+        self.paused = False
+        logger.info("%s", decision.reason)
+
     def _save_last(self, cfg: RunConfig) -> None:
         """Keep the node's copy of the shared model (``STATE_DIR/last.safetensors``) for a later resume."""
         if not self.options.state_dir:
@@ -313,6 +348,10 @@ class Node:
     def _heartbeat_loop(self, interval: float) -> None:
         unreachable_since = None
         while not self.stop.wait(interval):
+            if self.options.max_memory and resident_bytes() > self.options.max_memory:
+                self.request_stop(f"using {resident_bytes() / 2**20:.0f} MiB, more than --max-memory "
+                                  f"{self.options.max_memory / 2**20:.0f} MiB")
+                break
             try:
                 response = self.client.heartbeat(self.node_metrics())
             except Exception as e:  # keep training while the coordinator is away; the swarm does not need it

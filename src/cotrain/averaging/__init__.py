@@ -3,7 +3,7 @@
 from cotrain.averaging.allreduce import AllReduceFailed, AllReduceResult, butterfly_allreduce, weighted_mean
 from cotrain.averaging.dht import start_dht, visible_maddrs
 from cotrain.averaging.diloco import DiLoCo
-from cotrain.averaging.exchange import Exchange
+from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.progress import Action, Decision, PeerProgress, ProgressBoard, RoundRules, round_decision
 from cotrain.averaging.rounds import RoundAverager, RoundStats, make_averager
 from cotrain.averaging.state import STATE_KEY, download_state, pick_donors
@@ -12,13 +12,15 @@ from cotrain.averaging.sync import SyncAveraging
 __all__ = [
     "Action", "AllReduceFailed", "AllReduceResult", "Decision", "DiLoCo", "Exchange", "PeerProgress", "ProgressBoard",
     "RoundAverager", "RoundRules", "RoundStats", "STATE_KEY", "SyncAveraging", "build_strategy", "download_state",
-    "pick_donors",
+    "pick_donors", "UploadLimiter",
     "butterfly_allreduce", "make_averager", "round_decision", "start_dht", "visible_maddrs", "weighted_mean",
 ]
 
 
-def build_strategy(model, optimizer, dht, run_id: str, cfg, peer_id: str, client_mode: bool = False) -> RoundAverager:
-    """The averaging strategy of a run config (:class:`cotrain.config.RunConfig`)."""
+def build_strategy(model, optimizer, dht, run_id: str, cfg, peer_id: str, client_mode: bool = False,
+                   upload_bps: float = 0.0) -> RoundAverager:
+    """The averaging strategy of a run config (:class:`cotrain.config.RunConfig`); ``upload_bps`` > 0 caps what
+    this peer sends to others, in bits per second."""
     cls = SyncAveraging if cfg.averaging.strategy == "sync" else DiLoCo
     return cls(model, optimizer, dht, run_id, cfg.averaging, cfg.compression, peer_id, cfg.optimizer.grad_clip,
-               client_mode=client_mode, seed=cfg.run.seed)
+               client_mode=client_mode, seed=cfg.run.seed, upload_bps=upload_bps)

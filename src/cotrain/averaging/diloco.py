@@ -17,7 +17,7 @@ class DiLoCo(RoundAverager):
     strategy = "diloco"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dht, run_id, cfg, compression,
-                 peer_id: str, grad_clip: float, client_mode: bool = False, seed: int = 0):
+                 peer_id: str, grad_clip: float, client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0):
         self.global_params = [p.detach().clone() for p in model.parameters()]
         self.momentum = [torch.zeros_like(p) for p in self.global_params]
         self.outer = torch.optim.SGD(self.global_params, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
@@ -25,7 +25,8 @@ class DiLoCo(RoundAverager):
         if cfg.outer_momentum > 0:
             for p, buf in zip(self.global_params, self.momentum):
                 self.outer.state[p]["momentum_buffer"] = buf
-        super().__init__(model, optimizer, dht, run_id, cfg, compression, peer_id, grad_clip, client_mode, seed)
+        super().__init__(model, optimizer, dht, run_id, cfg, compression, peer_id, grad_clip, client_mode, seed,
+                         upload_bps)
 
     def shared_tensors(self):
         return self.global_params + self.momentum

@@ -28,9 +28,39 @@ logger = logging.getLogger(__name__)
 CHUNK_BYTES = 1 << 20  # below the libp2p daemon's 4 MiB message limit
 
 
+class UploadLimiter:
+    """A token bucket: ``await limiter.take(n)`` returns once n more bytes may go out at ``rate_bps`` bits/s.
+
+    The bucket holds at most ``burst_s`` seconds of tokens, so an idle spell cannot be spent as a long burst.
+    """
+
+    def __init__(self, rate_bps: float, burst_s: float = 0.1, clock: Callable[[], float] = time.monotonic):
+        if rate_bps <= 0:
+            raise ValueError(f"--max-upload-mbps: must be > 0, got {rate_bps / 1e6}")
+        self.rate = rate_bps / 8.0  # bytes per second
+        self.capacity = max(1.0, self.rate * burst_s)
+        self.tokens = self.capacity
+        self.clock = clock
+        self.updated = clock()
+
+    def delay_for(self, nbytes: int) -> float:
+        """Seconds to wait before sending ``nbytes`` (and take them from the bucket)."""
+        now = self.clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.rate)
+        self.updated = now
+        self.tokens -= nbytes
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+    async def take(self, nbytes: int) -> None:
+        delay = self.delay_for(nbytes)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
 class Exchange:
-    def __init__(self, dht: DHT, namespace: str, keep_tags: int = 4):
+    def __init__(self, dht: DHT, namespace: str, keep_tags: int = 4, limiter: Optional[UploadLimiter] = None):
         self.namespace = namespace
+        self.limiter = limiter  # every byte this peer serves goes through it (a volunteer's upload limit)
         self.handler_name = f"{namespace}.fetch"
         self.keep_tags = keep_tags
         self.bytes_sent = 0
@@ -116,6 +146,8 @@ class Exchange:
             return
         for start in range(0, max(len(data), 1), CHUNK_BYTES):
             piece = data[start: start + CHUNK_BYTES]
+            if self.limiter is not None:
+                await self.limiter.take(len(piece))
             if state:
                 self.state_bytes_sent += len(piece)
             else:

@@ -29,7 +29,7 @@ class PeerProgress:
     round: int
     steps: int  # local steps taken in this round
     samples: int  # samples trained on in this round
-    phase: str = "train"  # "train", "average", or "left" (the peer is gone)
+    phase: str = "train"  # "train", "average", "paused" (its owner uses the machine), or "left" (gone)
     mid_round: bool = False  # joined (or resynchronised) after this round began: not waited for
     time: float = 0.0  # DHT time of the record
 
@@ -85,7 +85,8 @@ def round_decision(now: float, me: PeerProgress, peers: Iterable[PeerProgress], 
     if not live:
         return Decision(Action.AVERAGE, f"reached {rules.inner_steps} steps alone in the swarm")
     # peers behind us resynchronise to our round (and are then not waited for); peers here are waited for
-    waiting_on = [p for p in live if p.round < me.round or (not p.mid_round and p.steps < rules.inner_steps)]
+    waiting_on = [p for p in live if p.phase != "paused"
+                  and (p.round < me.round or (not p.mid_round and p.steps < rules.inner_steps))]
     if not waiting_on:
         return Decision(Action.AVERAGE, f"all {len(same) + 1} peers at round {me.round} reached their steps")
     waited = now - (reached_h_at if reached_h_at is not None else now)

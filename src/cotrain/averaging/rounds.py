@@ -31,7 +31,7 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.dht import DHT
 
 from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag, weighted_mean
-from cotrain.averaging.exchange import Exchange
+from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, live_peers,
                                         round_decision)
 from cotrain.averaging.state import STATE_KEY, Progress, download_state, pick_donors
@@ -96,7 +96,7 @@ class RoundAverager:
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dht: DHT, run_id: str,
                  cfg: AveragingConfig, compression: CompressionConfig, peer_id: str, grad_clip: float,
-                 client_mode: bool = False, seed: int = 0):
+                 client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0):
         self.model, self.optimizer, self.dht, self.cfg, self.run_id = model, optimizer, dht, cfg, run_id
         self.compression, self.peer_id, self.grad_clip = compression, peer_id, grad_clip
         self.params = [p for p in model.parameters()]
@@ -123,7 +123,7 @@ class RoundAverager:
         self._board_read = threading.Event()
         self._publisher = threading.Thread(target=self._publish_loop, name="progress", daemon=True)
         self.averager = make_averager(dht, f"{run_id}_avg", cfg, client_mode=client_mode)
-        self.exchange = Exchange(dht, f"{run_id}_exchange")
+        self.exchange = Exchange(dht, f"{run_id}_exchange", limiter=UploadLimiter(upload_bps) if upload_bps else None)
         self.exchange.provide(STATE_KEY, self.state_bytes)
         self._hash = self._shared_hash()
         self._publisher.start()

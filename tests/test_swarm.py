@@ -51,41 +51,56 @@ def model_coordinator(request, tmp_path, corpus_file):
     running.stop()
 
 
-def test_two_nodes_train_and_average_into_one_model(model_coordinator, tmp_path):
-    coordinator = model_coordinator
+def train_together(coordinator, tmp_path, count: int, rounds: int = ROUNDS):
+    """``count`` real nodes train until ``rounds`` rounds; -> (final coordinator health, the nodes' final states)."""
     nodes = [start_node(coordinator.address, coordinator.token, f"node-{i}", tmp_path / f"node-{i}",
-                        extra=["--max-rounds", str(ROUNDS), "--threads", "1", "--wait-peers", "2"]) for i in range(2)]
+                        extra=["--max-rounds", str(rounds), "--threads", "1", "--wait-peers", str(count)])
+             for i in range(count)]
     client = CoordinatorClient(coordinator.address, insecure=True)
     try:
-        def both_joined():
-            return sum(n.state == "healthy" for n in client.health().nodes) == 2
-
-        wait_for(both_joined, 120, what="both nodes to join", procs=nodes + [coordinator.proc])
+        wait_for(lambda: sum(n.state == "healthy" for n in client.health().nodes) == count, 120,
+                 what="the nodes to join", procs=nodes + [coordinator.proc])
         for node in nodes:
-            wait_for(lambda: not node.alive(), 300, interval=0.5, what=f"{node.name} to finish {ROUNDS} rounds")
+            wait_for(lambda: not node.alive(), 300, interval=0.5, what=f"{node.name} to finish {rounds} rounds")
         codes = [node.stop(30) for node in nodes]
-        assert codes == [0, 0], [n.log()[-3000:] for n in nodes]
+        assert codes == [0] * count, [n.log()[-3000:] for n in nodes]
         health = client.health()
     finally:
         client.close()
         for node in nodes:
             node.stop(10)
+    return health, [load_checkpoint(tmp_path / f"node-{i}" / "last.safetensors") for i in range(count)]
+
+
+def test_two_nodes_train_and_average_into_one_model(model_coordinator, tmp_path):
+    coordinator = model_coordinator
+    health, finals = train_together(coordinator, tmp_path, 2)
 
     # both left cleanly and reported their work
     assert sorted(n.state for n in health.nodes) == ["left", "left"]
     assert all(n.metrics.round >= ROUNDS and n.metrics.rounds_completed >= 1 for n in health.nodes)
 
-    finals = [load_checkpoint(tmp_path / f"node-{i}" / "last.safetensors") for i in range(2)]
     history = [dict(map(tuple, f.metadata["rounds"])) for f in finals]
     averaged = [r for r, size in history[0].items() if size == 2 and history[1].get(r) == 2]
     assert averaged, f"no round was averaged by both nodes: {history}"
     assert finals[0].round == finals[1].round == ROUNDS
     for name, tensor in finals[0].tensors.items():
-        assert torch.allclose(tensor, finals[1].tensors[name], atol=1e-5), f"{name} differs between the nodes"
+        assert torch.equal(tensor, finals[1].tensors[name]), f"{name} differs between the nodes"
 
     cfg = coordinator.cfg
     before, after = val_loss(cfg), val_loss(cfg, finals[0].model_state())
     assert after < before - 0.1 * abs(before), (before, after)
+
+
+def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(coordinator, tmp_path):
+    health, finals = train_together(coordinator, tmp_path, 3, rounds=3)
+    histories = [dict(map(tuple, f.metadata["rounds"])) for f in finals]
+    assert all(h.get(2) == 3 for h in histories), histories  # the last round was averaged by all three
+    for other in finals[1:]:
+        assert other.round == finals[0].round == 3
+        for name, tensor in finals[0].tensors.items():
+            assert torch.equal(tensor, other.tensors[name]), f"{name} differs between the nodes"
+    assert all(n.metrics.bytes_sent > 0 and n.metrics.partial_rounds == 0 for n in health.nodes)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

@@ -110,6 +110,12 @@ class AveragingConfig(_Section):
     strategy: Literal["diloco", "sync"] = "diloco"
     #: the most peers in one averaging group (0: no limit). A group forms at once when this many are present.
     target_group_size: int = Field(0, ge=0, le=4096)
+    #: how contributions are combined: "mean" (weighted by samples), or robust to a malicious peer:
+    #: "trimmed_mean" (drop the trim_fraction largest and smallest per coordinate) or "centered_clip"
+    #: (Karimireddy et al. 2021; clip_tau 0 picks the radius per part)
+    aggregation: Literal["mean", "trimmed_mean", "centered_clip"] = "mean"
+    trim_fraction: float = Field(0.2, ge=0.0, lt=0.5)
+    clip_tau: float = Field(0.0, ge=0.0)
     #: H, the mean number of local steps per node between two averaging rounds
     inner_steps: int = Field(50, ge=1, le=1_000_000)
     outer_lr: float = Field(0.7, gt=0.0, le=10.0)

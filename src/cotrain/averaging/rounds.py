@@ -30,8 +30,9 @@ import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.dht import DHT
 
-from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag, weighted_mean
+from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag
 from cotrain.averaging.exchange import Exchange, UploadLimiter
+from cotrain.averaging.robust import build_aggregator
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, live_peers,
                                         round_decision)
 from cotrain.averaging.state import STATE_KEY, Progress, download_state, pick_donors
@@ -107,6 +108,7 @@ class RoundAverager:
         self.powersgd = (PowerSGD([p.shape for p in self.params], compression.powersgd_rank, seed)
                          if compression.kind == "powersgd" else None)
         self.error: Optional[torch.Tensor] = None  # error feedback for lossy codecs
+        self.aggregator = build_aggregator(cfg.aggregation, cfg.trim_fraction, cfg.clip_tau)
         self.round = 0
         self.samples_total = 0
         self.steps_in_round = 0
@@ -349,7 +351,7 @@ class RoundAverager:
             def reduce(vector: torch.Tensor, phase: str) -> torch.Tensor:
                 nonlocal complete
                 result = butterfly_allreduce(self.exchange, f"{tag}-{phase}", group, me, vector, weight, self.codec,
-                                             timeout, weighted_mean)
+                                             timeout, self.aggregator)
                 complete = complete and result.complete
                 return result.average
 
@@ -358,7 +360,7 @@ class RoundAverager:
         use_feedback = self.codec.lossy and self.compression.error_feedback
         if use_feedback and self.error is not None:
             flat = flat + self.error
-        result = butterfly_allreduce(self.exchange, tag, group, me, flat, weight, self.codec, timeout, weighted_mean)
+        result = butterfly_allreduce(self.exchange, tag, group, me, flat, weight, self.codec, timeout, self.aggregator)
         if use_feedback:
             self.error = flat - result.sent
         return _unflatten(result.average, contribution), result.complete

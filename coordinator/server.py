@@ -107,7 +107,9 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
     board = ProgressBoard(dht, f"{run_id}_progress", ttl=3 * cfg.averaging.progress_interval + 1.0)
     summary = SwarmSummary()
     run = RunInfo(run_id, cfg.to_toml(), corpus, cfg.coordinator.heartbeat_interval_s,
-                  cfg.coordinator.lost_after_missed, initial_peers=lambda: visible_maddrs(dht))
+                  cfg.coordinator.lost_after_missed, initial_peers=lambda: visible_maddrs(dht),
+                  join_limit=(cfg.coordinator.join_rate_per_s, cfg.coordinator.join_burst),
+                  heartbeat_limit=(cfg.coordinator.heartbeat_rate_per_s, cfg.coordinator.heartbeat_burst))
     service = CoordinatorService(store, run, summary)
     checkpointer = Checkpointer(cfg, run_id, model, exchange, board, store, corpus, summary)
 

@@ -25,6 +25,7 @@ from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
 
 from cotrain.coordinator.membership import (Assignment, NodeView, active_nodes, assign_shards, node_state,
                                             swarm_alerts)
+from cotrain.coordinator.ratelimit import RateLimiter, peer_address
 from cotrain.coordinator.store import NodeRecord, Store, hash_secret
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class RunInfo:
     heartbeat_interval: float
     lost_after_missed: int
     initial_peers: Callable[[], list[str]]
+    join_limit: tuple[float, int] = (0.0, 1)  # (per second, burst) per address; 0: none
+    heartbeat_limit: tuple[float, int] = (0.0, 1)
 
 
 @dataclass
@@ -84,7 +87,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.nodes: dict[str, NodeRecord] = {n.node_id: n for n in store.load_nodes()}
         self.assignments: dict[str, Assignment] = {}
         self.sent: dict[str, Assignment] = {}  # the assignment each node was last told
-        self.rates: dict[str, tuple[float, int, float]] = {}  # node -> (time, bytes_sent, bytes/s) of its last heartbeat
+        self.rates: dict[str, tuple[float, int, float]] = {}
+        self.join_limiter = RateLimiter(*run.join_limit)
+        self.heartbeat_limiter = RateLimiter(*run.heartbeat_limit)  # node -> (time, bytes_sent, bytes/s) of its last heartbeat
         self.assignment_reason = ""
         self._reassign()
 
@@ -118,7 +123,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         return node
 
     # ---- RPCs ----------------------------------------------------------------------------------------------------
+    async def _rate_limit(self, limiter: RateLimiter, method: str, context) -> None:
+        if not limiter.allow(peer_address(context.peer())):
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"rate limit: more than {limiter.rate:g} {method} calls per second from this address")
+
     async def Join(self, request: pb.JoinRequest, context) -> pb.JoinResponse:
+        await self._rate_limit(self.join_limiter, "Join", context)
         if len(request.token) > MAX_TOKEN_LEN:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"token: longer than {MAX_TOKEN_LEN} characters")
         record = self.store.find_token(request.token) if request.token else None
@@ -166,6 +177,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             heartbeat_interval_s=self.run.heartbeat_interval)
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
+        await self._rate_limit(self.heartbeat_limiter, "Heartbeat", context)
         node = await self._session(request.node_id, request.session, context)
         try:
             metrics = _metrics_dict(request.metrics)

@@ -142,3 +142,16 @@ def test_restarted_coordinator_resumes_its_members(coordinator):
         assert [(n.node_name, n.metrics.step) for n in health.nodes] == [("survivor", 9)]
     finally:
         channel.close()
+
+
+def test_join_is_rate_limited_per_address(stub, coordinator):
+    codes = []
+    for i in range(40):
+        try:
+            join(stub, coordinator.token, f"flood-{i}")
+            codes.append("ok")
+        except grpc.RpcError as e:
+            codes.append(e.code())
+            assert e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or "rate limit" in e.details()
+    assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes
+    assert codes[:10] == ["ok"] * 10  # the burst goes through

@@ -163,6 +163,12 @@ class CoordinatorConfig(_Section):
     #: validation bytes evaluated per checkpoint (0 = the whole validation split)
     eval_bytes: int = Field(131072, ge=0)
     keep_checkpoints: int = Field(3, ge=1)
+    #: per client address: Join and Heartbeat calls per second, and bursts (0: no limit). One NAT address may
+    #: hide many volunteers: size the heartbeat limit for them.
+    join_rate_per_s: float = Field(2.0, ge=0.0)
+    join_burst: int = Field(20, ge=1)
+    heartbeat_rate_per_s: float = Field(200.0, ge=0.0)
+    heartbeat_burst: int = Field(2000, ge=1)
 
 
 class WarmStartConfig(_Section):

@@ -91,12 +91,15 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
 
 
 def start_coordinator(state_dir: Path, config: Optional[Path] = None, log_path: Optional[Path] = None,
-                      listen: str = "127.0.0.1:0", extra: Sequence[str] = (), timeout: float = 60.0) -> tuple[Proc, str]:
-    """Start ``cotrain coordinator start --insecure`` and wait until it serves; -> (process, HOST:PORT)."""
+                      listen: str = "127.0.0.1:0", extra: Sequence[str] = (), timeout: float = 60.0,
+                      insecure: bool = True) -> tuple[Proc, str]:
+    """Start ``cotrain coordinator start`` (plaintext unless ``insecure`` is False and ``extra`` has the TLS
+    flags) and wait until it serves; -> (process, HOST:PORT)."""
     state_dir = Path(state_dir)
     info = state_dir / "coordinator.json"
     info.unlink(missing_ok=True)
-    args = ["coordinator", "start", "--insecure", "--listen", listen, "--state-dir", str(state_dir), *extra]
+    args = ["coordinator", "start", *(["--insecure"] if insecure else []), "--listen", listen, "--state-dir",
+            str(state_dir), *extra]
     if config is not None:
         args += ["--config", str(config)]
     proc = Proc("coordinator", args, log_path or state_dir / "coordinator.log")

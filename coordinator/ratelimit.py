@@ -1,0 +1,56 @@
+"""Per-address rate limits on Join and Heartbeat: a token bucket per (method, address).
+
+A caller over its rate gets RESOURCE_EXHAUSTED (nodes back off and retry). Addresses are the peer's IP without
+its port, so one machine cannot dodge the limit by opening new connections. Old buckets are forgotten.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+
+def peer_address(peer: str) -> str:
+    """gRPC's ``context.peer()`` ('ipv4:1.2.3.4:5678', 'ipv6:[::1]:5678') -> the address without the port."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        host, _, _ = rest.rpartition(":")
+        return host.strip("[]") or rest
+    return peer
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+class RateLimiter:
+    def __init__(self, rate_per_s: float, burst: float, clock: Callable[[], float] = time.monotonic,
+                 max_keys: int = 100_000):
+        self.rate, self.burst, self.clock, self.max_keys = rate_per_s, burst, clock, max_keys
+        self.buckets: dict[str, _Bucket] = {}
+
+    def allow(self, key: str) -> bool:
+        """Take one token for ``key``; False when its bucket is empty. A rate of 0 disables the limit."""
+        if self.rate <= 0:
+            return True
+        now = self.clock()
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            if len(self.buckets) >= self.max_keys:
+                self._forget_full(now)
+            bucket = self.buckets[key] = _Bucket(self.burst, now)
+        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
+        bucket.updated = now
+        if bucket.tokens < 1.0:
+            return False
+        bucket.tokens -= 1.0
+        return True
+
+    def _forget_full(self, now: float) -> None:
+        """Drop buckets that have refilled (they hold no information); the oldest if none has."""
+        full = [k for k, b in self.buckets.items() if b.tokens + (now - b.updated) * self.rate >= self.burst]
+        for k in full or sorted(self.buckets, key=lambda k: self.buckets[k].updated)[: len(self.buckets) // 2]:
+            del self.buckets[k]

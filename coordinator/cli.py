@@ -10,7 +10,6 @@ from pathlib import Path
 
 from cotrain.config import RunConfig
 
-from cotrain.coordinator.server import CoordinatorOptions, serve
 from cotrain.coordinator.store import Store
 
 
@@ -29,6 +28,9 @@ def add_parser(subparsers) -> None:
     warm.add_argument("--perturb", type=float, default=None, help="sigma of shrink and perturb (default 0.01)")
     start.add_argument("--http-port", type=int, default=None,
                        help="serve the dashboard and Prometheus /metrics on this port (0: any free port)")
+    start.add_argument("--dht-announce", action="append", default=[], metavar="MULTIADDR",
+                       help="address to give nodes for the DHT instead of the listening one, e.g. "
+                            "/ip4/203.0.113.5/tcp/7452 (repeatable)")
     start.add_argument("--dht-port", type=int, default=0, help="TCP port of the DHT bootstrap peer (0: any free)")
     tls = start.add_argument_group("TLS (required unless --insecure)")
     tls.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
@@ -61,6 +63,8 @@ def cmd_start(args) -> int:
     for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
         if path is not None and not path.is_file():
             raise SystemExit(f"{flag}: no such file {path}")
+    from cotrain.coordinator.server import CoordinatorOptions, serve  # torch and hivemind: only to serve
+
     cfg = RunConfig.load(args.config) if args.config else None
     if args.warm_start or args.shrink is not None or args.perturb is not None:
         if not args.warm_start and not (cfg and cfg.warm_start.checkpoint):
@@ -70,7 +74,7 @@ def cmd_start(args) -> int:
         cfg = (cfg or RunConfig()).with_overrides(warm_start=values)
     options = CoordinatorOptions(listen=args.listen, state_dir=args.state_dir, dht_port=args.dht_port,
                                  insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                                 http_port=args.http_port)
+                                 http_port=args.http_port, dht_announce=tuple(args.dht_announce))
     asyncio.run(serve(cfg, options))
     return 0
 

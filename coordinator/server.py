@@ -26,14 +26,10 @@ from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
 
 from cotrain.coordinator.checkpointer import Checkpointer
 from cotrain.coordinator.service import CoordinatorService, RunInfo, SwarmSummary
-from cotrain.coordinator.store import Store
+from cotrain.coordinator.store import StateDirError, Store
 from cotrain.coordinator.web import WebServer
 
 logger = logging.getLogger(__name__)
-
-
-class StateDirError(ValueError):
-    """The state dir belongs to another run."""
 
 
 @dataclass
@@ -46,6 +42,8 @@ class CoordinatorOptions:
     tls_key: Optional[Path] = None
     #: port of the dashboard and /metrics (None: no HTTP server; 0: any free port)
     http_port: Optional[int] = None
+    #: multiaddrs the DHT peer tells nodes instead of its listening ones (a public address)
+    dht_announce: tuple = ()
 
 
 def resolve_run(cfg: Optional[RunConfig], store: Store) -> tuple[str, RunConfig]:
@@ -100,7 +98,7 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
     torch.set_num_threads(1)  # evaluation shares the machine with nodes; keep the coordinator light
 
     dht = start_dht(host=host if host not in ("0.0.0.0", "::") else "0.0.0.0", port=options.dht_port,
-                    identity_path=str(options.state_dir / "dht.key"))
+                    identity_path=str(options.state_dir / "dht.key"), announce=options.dht_announce)
     torch.manual_seed(cfg.run.seed)
     model = build_model(cfg)
     exchange = Exchange(dht, f"{run_id}_exchange")

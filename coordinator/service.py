@@ -35,7 +35,7 @@ CHECKPOINT_CHUNK = 1 << 20
 MAX_TOKEN_LEN = 256
 METRIC_FIELDS = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch",
                  "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s", "state_bytes_sent",
-                 "state_bytes_received")
+                 "state_bytes_received", "peer_id")
 
 
 @dataclass
@@ -76,6 +76,9 @@ def _check_name(name: str) -> str:
 def _metrics_dict(m: pb.NodeMetrics) -> dict:
     """The metrics as stored; a NaN loss is kept (the health view flags it), a bad rate is refused."""
     out = {name: getattr(m, name) for name in METRIC_FIELDS}
+    if len(out["peer_id"]) > 128 or len(m.flagged_peers) > 64 or any(len(p) > 128 for p in m.flagged_peers):
+        raise InvalidField("metrics.peer_id / metrics.flagged_peers: too long")
+    out["flagged_peers"] = list(m.flagged_peers)
     if not math.isfinite(out["samples_per_s"]) or out["samples_per_s"] < 0:
         raise InvalidField(f"metrics.samples_per_s: must be finite and >= 0, got {out['samples_per_s']}")
     return out
@@ -261,7 +264,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         for view, node in zip(views, self.nodes.values()):
             state, reason = node_state(now, view, views, self.run.heartbeat_interval, self.run.lost_after_missed)
             states.append((view, state, reason))
-            m = pb.NodeMetrics(**{k: v for k, v in node.metrics.items() if k in METRIC_FIELDS})
+            m = pb.NodeMetrics(**{k: v for k, v in node.metrics.items() if k in METRIC_FIELDS},
+                               flagged_peers=node.metrics.get("flagged_peers", []))
             rows.append(pb.NodeHealth(node_id=node.node_id, node_name=node.name, state=state, metrics=m,
                                       last_seen_unix=node.last_seen, joined_unix=node.joined, reason=reason,
                                       bytes_per_s=self.rates.get(node.node_id, (0, 0, 0.0))[2]
@@ -273,8 +277,18 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             totals.samples_total = max(totals.samples_total, m.samples_total)
             totals.bytes_sent += m.bytes_sent
             totals.bytes_received += m.bytes_received
-        alerts = list(self.summary.alerts) + swarm_alerts(states)
+        alerts = list(self.summary.alerts) + swarm_alerts(states) + self._flag_alerts()
         return pb.SwarmHealth(run_id=self.run.run_id, nodes=rows, totals=totals, alerts=alerts, now_unix=now)
+
+    def _flag_alerts(self) -> list[str]:
+        """Nodes whose contributions their peers dropped (non-finite or malformed updates)."""
+        by_peer = {n.metrics.get("peer_id"): n.name for n in self.nodes.values() if n.metrics.get("peer_id")}
+        flagged: dict[str, int] = {}
+        for node in self.nodes.values():
+            for peer in node.metrics.get("flagged_peers", []):
+                flagged[peer] = flagged.get(peer, 0) + 1
+        return [f"{by_peer.get(peer, 'peer ' + peer[-8:])}: sent non-finite or malformed updates; dropped by "
+                f"{count} peer(s)" for peer, count in sorted(flagged.items())]
 
     def global_round(self) -> int:
         return max((int(n.metrics.get("round", 0)) for n in self.nodes.values()), default=0)

@@ -46,6 +46,10 @@ CREATE TABLE IF NOT EXISTS evals (
 TOKEN_PREFIX = "ct_"
 
 
+class StateDirError(ValueError):
+    """The state dir belongs to another run."""
+
+
 def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 

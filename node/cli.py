@@ -20,13 +20,12 @@ import tomllib
 from pathlib import Path
 
 from cotrain.node.limits import parse_size
-from cotrain.node.runner import Node, NodeOptions
 
 #: option -> (type, default); the types also check the config file's values
 OPTIONS = {
     "coordinator": (str, None), "token": (str, None), "name": (str, None), "state_dir": (str, None),
     "max_steps": (int, 0), "max_rounds": (int, 0), "duration": (float, 0.0), "threads": (int, 0),
-    "wait_peers": (int, 0), "dht_host": (str, "127.0.0.1"), "client_mode": (bool, False),
+    "wait_peers": (int, 0), "dht_host": (str, "127.0.0.1"), "dht_announce": (str, ""), "client_mode": (bool, False),
     "max_cpus": (int, 0), "max_memory": (str, ""), "max_upload_mbps": (float, 0.0), "only_when_idle": (bool, False),
     "ca": (str, None), "insecure": (bool, False),
 }
@@ -58,7 +57,10 @@ def add_parser(subparsers) -> None:
     join.add_argument("--threads", type=int, default=S, help="torch threads for training (0: torch's default)")
     join.add_argument("--wait-peers", type=int, default=S,
                       help="before training, wait (up to 5 minutes) until this many peers are in the swarm")
-    join.add_argument("--dht-host", default=S, help="address the DHT peer listens on (default 127.0.0.1)")
+    join.add_argument("--dht-host", default=S, help="address the DHT peer listens on (default 127.0.0.1: this "
+                                                     "machine only; 0.0.0.0 lets other volunteers connect)")
+    join.add_argument("--dht-announce", default=S, metavar="MULTIADDR",
+                      help="address to tell peers instead of the listening one (a public address)")
     join.add_argument("--client-mode", action="store_true", default=S,
                       help="make outgoing DHT connections only (behind NAT; cannot serve state to others)")
     limits = join.add_argument_group("your limits")
@@ -119,11 +121,14 @@ def resolve_options(args: argparse.Namespace) -> dict:
 
 
 def cmd_join(args) -> int:
+    from cotrain.node.runner import Node, NodeOptions  # torch and hivemind: only when a node really starts
+
     o = resolve_options(args)
     Node(NodeOptions(coordinator=o["coordinator"], token=o["token"], name=o["name"], insecure=o["insecure"],
                      ca=o["ca"], state_dir=Path(o["state_dir"]) if o["state_dir"] else None,
                      max_steps=o["max_steps"], max_rounds=o["max_rounds"], wait_peers=o["wait_peers"],
                      duration=o["duration"], threads=o["threads"], dht_host=o["dht_host"],
+                     dht_announce=(o["dht_announce"],) if o["dht_announce"] else (),
                      client_mode=o["client_mode"], max_cpus=o["max_cpus"], max_memory=o["max_memory"],
                      max_upload_mbps=o["max_upload_mbps"], only_when_idle=o["only_when_idle"])).run()
     return 0

@@ -53,6 +53,7 @@ class NodeOptions:
     threads: int = 0
     #: address the node's DHT peer listens on; client mode makes only outgoing connections (behind NAT)
     dht_host: str = "127.0.0.1"
+    dht_announce: tuple = ()
     client_mode: bool = False
     log_every_s: float = 10.0
     #: a volunteer's limits (0 / False: none); see cotrain.node.limits
@@ -174,7 +175,7 @@ class Node:
         if opts.state_dir:
             opts.state_dir.mkdir(parents=True, exist_ok=True)
         dht = start_dht(response.initial_peers, host=opts.dht_host, client_mode=opts.client_mode,
-                        identity_path=identity)
+                        identity_path=identity, announce=opts.dht_announce)
         heartbeat = threading.Thread(target=self._heartbeat_loop, args=(response.heartbeat_interval_s,),
                                      name="heartbeat", daemon=True)
         opt_cfg = cfg.optimizer
@@ -343,7 +344,8 @@ class Node:
                                   samples_local=m.samples_total, compute_s=m.compute_s,
                                   wall_s=time.monotonic() - m.started,
                                   state_bytes_sent=a.exchange.state_bytes_sent,
-                                  state_bytes_received=a.exchange.state_bytes_received)
+                                  state_bytes_received=a.exchange.state_bytes_received, peer_id=a.peer_id,
+                                  flagged_peers=sorted(a.stats.flagged)[:32])
 
     def _heartbeat_loop(self, interval: float) -> None:
         unreachable_since = None

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.log_level, args.log_format)
     from cotrain.checkpoint import CheckpointError
     from cotrain.config import ConfigError
-    from cotrain.coordinator.server import StateDirError
+    from cotrain.coordinator.store import StateDirError
     from cotrain.data import CorpusError
     from cotrain.node.client import CoordinatorUnavailable, JoinRefused
     from cotrain.protocol import AddressError

@@ -87,6 +87,8 @@ class RoundStats:
     last_group_size: int = 0
     last_reason: str = ""
     history: list = field(default_factory=list)  # (round, group size)
+    #: peers whose contributions this peer dropped as reducer (non-finite values, malformed), with the reason
+    flagged: dict = field(default_factory=dict)
 
 
 class RoundAverager:
@@ -353,6 +355,7 @@ class RoundAverager:
                 result = butterfly_allreduce(self.exchange, f"{tag}-{phase}", group, me, vector, weight, self.codec,
                                              timeout, self.aggregator)
                 complete = complete and result.complete
+                self._flag(result)
                 return result.average
 
             return self.powersgd.reduce(contribution, reduce), complete
@@ -361,9 +364,16 @@ class RoundAverager:
         if use_feedback and self.error is not None:
             flat = flat + self.error
         result = butterfly_allreduce(self.exchange, tag, group, me, flat, weight, self.codec, timeout, self.aggregator)
+        self._flag(result)
         if use_feedback:
             self.error = flat - result.sent
         return _unflatten(result.average, contribution), result.complete
+
+    def _flag(self, result) -> None:
+        for peer, why in result.dropped.items():
+            if "did not arrive" not in why:  # a late peer is slow, not bad
+                logger.warning("round %d: dropped the contribution of peer %s: %s", self.round, peer[-8:], why)
+                self.stats.flagged[peer] = why
 
     def _apply_and_advance(self, average: list[torch.Tensor], group_size: int) -> None:
         with torch.no_grad(), self._lock:

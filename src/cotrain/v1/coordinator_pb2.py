@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63otrain/v1/coordinator.proto\x12\ncotrain.v1\"W\n\x0c\x43\x61pabilities\x12\x0c\n\x04\x63pus\x18\x01 \x01(\r\x12\x0c\n\x04gpus\x18\x02 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x04\x12\x15\n\rbandwidth_bps\x18\x04 \x01(\x04\"\x8a\x01\n\x0bJoinRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12.\n\x0c\x63\x61pabilities\x18\x04 \x01(\x0b\x32\x18.cotrain.v1.Capabilities\x12\x0f\n\x07node_id\x18\x05 \x01(\t\"m\n\x07RunSpec\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_toml\x18\x02 \x01(\t\x12\x15\n\rcorpus_sha256\x18\x03 \x01(\t\x12\x13\n\x0btrain_bytes\x18\x04 \x01(\x04\x12\x11\n\tval_bytes\x18\x05 \x01(\x04\"c\n\x0e\x44\x61taAssignment\x12\x13\n\x0bshard_index\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12\r\n\x05start\x18\x03 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x04\x12\x0c\n\x04seed\x18\x05 \x01(\x04\"\xb7\x01\n\x0cJoinResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12 \n\x03run\x18\x03 \x01(\x0b\x32\x13.cotrain.v1.RunSpec\x12\x15\n\rinitial_peers\x18\x04 \x03(\t\x12.\n\nassignment\x18\x05 \x01(\x0b\x32\x1a.cotrain.v1.DataAssignment\x12\x1c\n\x14heartbeat_interval_s\x18\x06 \x01(\x01\"\xc5\x02\n\x0bNodeMetrics\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x15\n\rsamples_per_s\x18\x04 \x01(\x01\x12\x12\n\nbytes_sent\x18\x05 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x06 \x01(\x04\x12\x15\n\rsamples_total\x18\x07 \x01(\x04\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\x12\x16\n\x0epartial_rounds\x18\t \x01(\x04\x12\x18\n\x10rounds_completed\x18\n \x01(\x04\x12\x15\n\rsamples_local\x18\x0b \x01(\x04\x12\x11\n\tcompute_s\x18\x0c \x01(\x01\x12\x0e\n\x06wall_s\x18\r \x01(\x01\x12\x18\n\x10state_bytes_sent\x18\x0e \x01(\x04\x12\x1c\n\x14state_bytes_received\x18\x0f \x01(\x04\"^\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12(\n\x07metrics\x18\x03 \x01(\x0b\x32\x17.cotrain.v1.NodeMetrics\"y\n\x11HeartbeatResponse\x12$\n\x07\x63ommand\x18\x01 \x01(\x0e\x32\x13.cotrain.v1.Command\x12.\n\nassignment\x18\x02 \x01(\x0b\x32\x1a.cotrain.v1.DataAssignment\x12\x0e\n\x06reason\x18\x03 \x01(\t\"j\n\x0cLeaveRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12(\n\x07metrics\x18\x04 \x01(\x0b\x32\x17.cotrain.v1.NodeMetrics\"\x0f\n\rLeaveResponse\"\x17\n\x15GetSwarmHealthRequest\"\xbb\x01\n\nNodeHealth\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12(\n\x07metrics\x18\x04 \x01(\x0b\x32\x17.cotrain.v1.NodeMetrics\x12\x16\n\x0elast_seen_unix\x18\x05 \x01(\x01\x12\x13\n\x0bjoined_unix\x18\x06 \x01(\x01\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x13\n\x0b\x62ytes_per_s\x18\x08 \x01(\x01\"\xf6\x02\n\x0bSwarmTotals\x12\x14\n\x0cnodes_online\x18\x01 \x01(\r\x12\x15\n\rsamples_per_s\x18\x02 \x01(\x01\x12\x14\n\x0cglobal_round\x18\x03 \x01(\x04\x12\x15\n\rsamples_total\x18\x04 \x01(\x04\x12\x12\n\nbytes_sent\x18\x05 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x06 \x01(\x04\x12\x10\n\x08val_loss\x18\x07 \x01(\x01\x12\x0f\n\x07val_bpc\x18\x08 \x01(\x01\x12\x11\n\tval_round\x18\t \x01(\x04\x12\x19\n\x11latest_checkpoint\x18\n \x01(\t\x12\x1f\n\x17latest_checkpoint_round\x18\x0b \x01(\x04\x12<\n\x0bval_metrics\x18\x0c \x03(\x0b\x32\'.cotrain.v1.SwarmTotals.ValMetricsEntry\x1a\x31\n\x0fValMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x8f\x01\n\x0bSwarmHealth\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12%\n\x05nodes\x18\x02 \x03(\x0b\x32\x16.cotrain.v1.NodeHealth\x12\'\n\x06totals\x18\x03 \x01(\x0b\x32\x17.cotrain.v1.SwarmTotals\x12\x0e\n\x06\x61lerts\x18\x04 \x03(\t\x12\x10\n\x08now_unix\x18\x05 \x01(\x01\"b\n\x0fReadDataRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\r\n\x05split\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\r\")\n\tDataChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"8\n\x14GetCheckpointRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\"M\n\x0f\x43heckpointChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05total\x18\x02 \x01(\x04\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t*I\n\x07\x43ommand\x12\x17\n\x13\x43OMMAND_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43ONTINUE\x10\x01\x12\t\n\x05\x44RAIN\x10\x02\x12\x0c\n\x08REASSIGN\x10\x03\x32\xb0\x03\n\x0b\x43oordinator\x12\x39\n\x04Join\x12\x17.cotrain.v1.JoinRequest\x1a\x18.cotrain.v1.JoinResponse\x12H\n\tHeartbeat\x12\x1c.cotrain.v1.HeartbeatRequest\x1a\x1d.cotrain.v1.HeartbeatResponse\x12<\n\x05Leave\x12\x18.cotrain.v1.LeaveRequest\x1a\x19.cotrain.v1.LeaveResponse\x12L\n\x0eGetSwarmHealth\x12!.cotrain.v1.GetSwarmHealthRequest\x1a\x17.cotrain.v1.SwarmHealth\x12>\n\x08ReadData\x12\x1b.cotrain.v1.ReadDataRequest\x1a\x15.cotrain.v1.DataChunk\x12P\n\rGetCheckpoint\x12 .cotrain.v1.GetCheckpointRequest\x1a\x1b.cotrain.v1.CheckpointChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63otrain/v1/coordinator.proto\x12\ncotrain.v1\"W\n\x0c\x43\x61pabilities\x12\x0c\n\x04\x63pus\x18\x01 \x01(\r\x12\x0c\n\x04gpus\x18\x02 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x04\x12\x15\n\rbandwidth_bps\x18\x04 \x01(\x04\"\x8a\x01\n\x0bJoinRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12.\n\x0c\x63\x61pabilities\x18\x04 \x01(\x0b\x32\x18.cotrain.v1.Capabilities\x12\x0f\n\x07node_id\x18\x05 \x01(\t\"m\n\x07RunSpec\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_toml\x18\x02 \x01(\t\x12\x15\n\rcorpus_sha256\x18\x03 \x01(\t\x12\x13\n\x0btrain_bytes\x18\x04 \x01(\x04\x12\x11\n\tval_bytes\x18\x05 \x01(\x04\"c\n\x0e\x44\x61taAssignment\x12\x13\n\x0bshard_index\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12\r\n\x05start\x18\x03 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x04\x12\x0c\n\x04seed\x18\x05 \x01(\x04\"\xb7\x01\n\x0cJoinResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12 \n\x03run\x18\x03 \x01(\x0b\x32\x13.cotrain.v1.RunSpec\x12\x15\n\rinitial_peers\x18\x04 \x03(\t\x12.\n\nassignment\x18\x05 \x01(\x0b\x32\x1a.cotrain.v1.DataAssignment\x12\x1c\n\x14heartbeat_interval_s\x18\x06 \x01(\x01\"\xed\x02\n\x0bNodeMetrics\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x15\n\rsamples_per_s\x18\x04 \x01(\x01\x12\x12\n\nbytes_sent\x18\x05 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x06 \x01(\x04\x12\x15\n\rsamples_total\x18\x07 \x01(\x04\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\x12\x16\n\x0epartial_rounds\x18\t \x01(\x04\x12\x18\n\x10rounds_completed\x18\n \x01(\x04\x12\x15\n\rsamples_local\x18\x0b \x01(\x04\x12\x11\n\tcompute_s\x18\x0c \x01(\x01\x12\x0e\n\x06wall_s\x18\r \x01(\x01\x12\x18\n\x10state_bytes_sent\x18\x0e \x01(\x04\x12\x1c\n\x14state_bytes_received\x18\x0f \x01(\x04\x12\x0f\n\x07peer_id\x18\x10 \x01(\t\x12\x15\n\rflagged_peers\x18\x11 \x03(\t\"^\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12(\n\x07metrics\x18\x03 \x01(\x0b\x32\x17.cotrain.v1.NodeMetrics\"y\n\x11HeartbeatResponse\x12$\n\x07\x63ommand\x18\x01 \x01(\x0e\x32\x13.cotrain.v1.Command\x12.\n\nassignment\x18\x02 \x01(\x0b\x32\x1a.cotrain.v1.DataAssignment\x12\x0e\n\x06reason\x18\x03 \x01(\t\"j\n\x0cLeaveRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12(\n\x07metrics\x18\x04 \x01(\x0b\x32\x17.cotrain.v1.NodeMetrics\"\x0f\n\rLeaveResponse\"\x17\n\x15GetSwarmHealthRequest\"\xbb\x01\n\nNodeHealth\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12(\n\x07metrics\x18\x04 \x01(\x0b\x32\x17.cotrain.v1.NodeMetrics\x12\x16\n\x0elast_seen_unix\x18\x05 \x01(\x01\x12\x13\n\x0bjoined_unix\x18\x06 \x01(\x01\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x13\n\x0b\x62ytes_per_s\x18\x08 \x01(\x01\"\xf6\x02\n\x0bSwarmTotals\x12\x14\n\x0cnodes_online\x18\x01 \x01(\r\x12\x15\n\rsamples_per_s\x18\x02 \x01(\x01\x12\x14\n\x0cglobal_round\x18\x03 \x01(\x04\x12\x15\n\rsamples_total\x18\x04 \x01(\x04\x12\x12\n\nbytes_sent\x18\x05 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x06 \x01(\x04\x12\x10\n\x08val_loss\x18\x07 \x01(\x01\x12\x0f\n\x07val_bpc\x18\x08 \x01(\x01\x12\x11\n\tval_round\x18\t \x01(\x04\x12\x19\n\x11latest_checkpoint\x18\n \x01(\t\x12\x1f\n\x17latest_checkpoint_round\x18\x0b \x01(\x04\x12<\n\x0bval_metrics\x18\x0c \x03(\x0b\x32\'.cotrain.v1.SwarmTotals.ValMetricsEntry\x1a\x31\n\x0fValMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x8f\x01\n\x0bSwarmHealth\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12%\n\x05nodes\x18\x02 \x03(\x0b\x32\x16.cotrain.v1.NodeHealth\x12\'\n\x06totals\x18\x03 \x01(\x0b\x32\x17.cotrain.v1.SwarmTotals\x12\x0e\n\x06\x61lerts\x18\x04 \x03(\t\x12\x10\n\x08now_unix\x18\x05 \x01(\x01\"b\n\x0fReadDataRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\r\n\x05split\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\r\")\n\tDataChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"8\n\x14GetCheckpointRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\"M\n\x0f\x43heckpointChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05total\x18\x02 \x01(\x04\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t*I\n\x07\x43ommand\x12\x17\n\x13\x43OMMAND_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43ONTINUE\x10\x01\x12\t\n\x05\x44RAIN\x10\x02\x12\x0c\n\x08REASSIGN\x10\x03\x32\xb0\x03\n\x0b\x43oordinator\x12\x39\n\x04Join\x12\x17.cotrain.v1.JoinRequest\x1a\x18.cotrain.v1.JoinResponse\x12H\n\tHeartbeat\x12\x1c.cotrain.v1.HeartbeatRequest\x1a\x1d.cotrain.v1.HeartbeatResponse\x12<\n\x05Leave\x12\x18.cotrain.v1.LeaveRequest\x1a\x19.cotrain.v1.LeaveResponse\x12L\n\x0eGetSwarmHealth\x12!.cotrain.v1.GetSwarmHealthRequest\x1a\x17.cotrain.v1.SwarmHealth\x12>\n\x08ReadData\x12\x1b.cotrain.v1.ReadDataRequest\x1a\x15.cotrain.v1.DataChunk\x12P\n\rGetCheckpoint\x12 .cotrain.v1.GetCheckpointRequest\x1a\x1b.cotrain.v1.CheckpointChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SWARMTOTALS_VALMETRICSENTRY']._loaded_options = None
   _globals['_SWARMTOTALS_VALMETRICSENTRY']._serialized_options = b'8\001'
-  _globals['_COMMAND']._serialized_start=2362
-  _globals['_COMMAND']._serialized_end=2435
+  _globals['_COMMAND']._serialized_start=2402
+  _globals['_COMMAND']._serialized_end=2475
   _globals['_CAPABILITIES']._serialized_start=44
   _globals['_CAPABILITIES']._serialized_end=131
   _globals['_JOINREQUEST']._serialized_start=134
@@ -46,33 +46,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOINRESPONSE']._serialized_start=487
   _globals['_JOINRESPONSE']._serialized_end=670
   _globals['_NODEMETRICS']._serialized_start=673
-  _globals['_NODEMETRICS']._serialized_end=998
-  _globals['_HEARTBEATREQUEST']._serialized_start=1000
-  _globals['_HEARTBEATREQUEST']._serialized_end=1094
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1096
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1217
-  _globals['_LEAVEREQUEST']._serialized_start=1219
-  _globals['_LEAVEREQUEST']._serialized_end=1325
-  _globals['_LEAVERESPONSE']._serialized_start=1327
-  _globals['_LEAVERESPONSE']._serialized_end=1342
-  _globals['_GETSWARMHEALTHREQUEST']._serialized_start=1344
-  _globals['_GETSWARMHEALTHREQUEST']._serialized_end=1367
-  _globals['_NODEHEALTH']._serialized_start=1370
-  _globals['_NODEHEALTH']._serialized_end=1557
-  _globals['_SWARMTOTALS']._serialized_start=1560
-  _globals['_SWARMTOTALS']._serialized_end=1934
-  _globals['_SWARMTOTALS_VALMETRICSENTRY']._serialized_start=1885
-  _globals['_SWARMTOTALS_VALMETRICSENTRY']._serialized_end=1934
-  _globals['_SWARMHEALTH']._serialized_start=1937
-  _globals['_SWARMHEALTH']._serialized_end=2080
-  _globals['_READDATAREQUEST']._serialized_start=2082
-  _globals['_READDATAREQUEST']._serialized_end=2180
-  _globals['_DATACHUNK']._serialized_start=2182
-  _globals['_DATACHUNK']._serialized_end=2223
-  _globals['_GETCHECKPOINTREQUEST']._serialized_start=2225
-  _globals['_GETCHECKPOINTREQUEST']._serialized_end=2281
-  _globals['_CHECKPOINTCHUNK']._serialized_start=2283
-  _globals['_CHECKPOINTCHUNK']._serialized_end=2360
-  _globals['_COORDINATOR']._serialized_start=2438
-  _globals['_COORDINATOR']._serialized_end=2870
+  _globals['_NODEMETRICS']._serialized_end=1038
+  _globals['_HEARTBEATREQUEST']._serialized_start=1040
+  _globals['_HEARTBEATREQUEST']._serialized_end=1134
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1136
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1257
+  _globals['_LEAVEREQUEST']._serialized_start=1259
+  _globals['_LEAVEREQUEST']._serialized_end=1365
+  _globals['_LEAVERESPONSE']._serialized_start=1367
+  _globals['_LEAVERESPONSE']._serialized_end=1382
+  _globals['_GETSWARMHEALTHREQUEST']._serialized_start=1384
+  _globals['_GETSWARMHEALTHREQUEST']._serialized_end=1407
+  _globals['_NODEHEALTH']._serialized_start=1410
+  _globals['_NODEHEALTH']._serialized_end=1597
+  _globals['_SWARMTOTALS']._serialized_start=1600
+  _globals['_SWARMTOTALS']._serialized_end=1974
+  _globals['_SWARMTOTALS_VALMETRICSENTRY']._serialized_start=1925
+  _globals['_SWARMTOTALS_VALMETRICSENTRY']._serialized_end=1974
+  _globals['_SWARMHEALTH']._serialized_start=1977
+  _globals['_SWARMHEALTH']._serialized_end=2120
+  _globals['_READDATAREQUEST']._serialized_start=2122
+  _globals['_READDATAREQUEST']._serialized_end=2220
+  _globals['_DATACHUNK']._serialized_start=2222
+  _globals['_DATACHUNK']._serialized_end=2263
+  _globals['_GETCHECKPOINTREQUEST']._serialized_start=2265
+  _globals['_GETCHECKPOINTREQUEST']._serialized_end=2321
+  _globals['_CHECKPOINTCHUNK']._serialized_start=2323
+  _globals['_CHECKPOINTCHUNK']._serialized_end=2400
+  _globals['_COORDINATOR']._serialized_start=2478
+  _globals['_COORDINATOR']._serialized_end=2910
 # @@protoc_insertion_point(module_scope)

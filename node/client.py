@@ -49,6 +49,12 @@ class CoordinatorClient:
     def close(self) -> None:
         self.channel.close()
 
+    def __enter__(self) -> "CoordinatorClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def _retry(self, call: Callable[[], T], what: str, give_up_after: float, stop: Optional[threading.Event] = None) -> T:
         """Retry with exponential backoff and jitter while the coordinator is unreachable."""
         deadline = time.monotonic() + give_up_after

@@ -63,6 +63,10 @@ class RunningCoordinator:
     def stop(self) -> int:
         return self.proc.stop(30)
 
+    def checkpoints(self):
+        """(round, path, sha256, created, samples), newest first, as the coordinator recorded them."""
+        return Store(self.state_dir).checkpoints()
+
 
 @pytest.fixture
 def coordinator(tmp_path, corpus_file):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
+import sys
 from typing import Sequence
 
 from hivemind.dht import DHT
@@ -18,6 +21,7 @@ def start_dht(initial_peers: Sequence[str] = (), host: str = "127.0.0.1", port: 
     need distinct identities, otherwise they share one key. ``announce``: multiaddrs to tell peers instead of the
     listening ones (a public address behind port forwarding or a cloud load balancer).
     """
+    die_with_parent()
     handler = signal.getsignal(signal.SIGINT)
     kwargs = {}
     if identity_path is not None:
@@ -33,6 +37,29 @@ def start_dht(initial_peers: Sequence[str] = (), host: str = "127.0.0.1", port: 
     )
     signal.signal(signal.SIGINT, handler)
     return dht
+
+
+_DIE_WITH_PARENT = False
+
+
+def die_with_parent() -> None:
+    """Make every process this one forks from now on (hivemind's DHT and averager processes, and the libp2p daemons
+    they start) die when its parent dies, even by kill -9. Otherwise a crashed node leaves its DHT peer running
+    under its identity, and the node cannot come back with the same identity. Linux only; elsewhere a no-op."""
+    global _DIE_WITH_PARENT
+    if _DIE_WITH_PARENT or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return
+    PR_SET_PDEATHSIG = 1
+
+    def in_child() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    os.register_at_fork(after_in_child=in_child)
+    _DIE_WITH_PARENT = True
 
 
 def visible_maddrs(dht: DHT) -> list[str]:

@@ -27,6 +27,10 @@ class DiLoCo(RoundAverager):
                 self.outer.state[p]["momentum_buffer"] = buf
         super().__init__(model, optimizer, dht, run_id, cfg, compression, peer_id, grad_clip, client_mode, seed,
                          upload_bps)
+        # error feedback through the parameters: after a round the local model restarts from the new global
+        # parameters *plus its own progress that the codec did not send* (global - local = the unsent residual),
+        # so the next pseudo-gradient carries it and the local model does not have to learn it again
+        self.feedback_in_params = True
 
     def shared_tensors(self):
         return self.global_params + self.momentum
@@ -43,8 +47,11 @@ class DiLoCo(RoundAverager):
             g.grad = d.to(g.device, g.dtype).clone()
         self.outer.step()
         self.outer.zero_grad(set_to_none=True)
-        for p, g in zip(self.params, self.global_params):
+        residual, self.residual = self.residual, None
+        for i, (p, g) in enumerate(zip(self.params, self.global_params)):
             p.copy_(g)
+            if residual is not None:
+                p.sub_(residual[i].to(p.device, p.dtype))
 
     def after_shared_change(self) -> None:
         with torch.no_grad():

@@ -110,6 +110,9 @@ class RoundAverager:
         self.powersgd = (PowerSGD([p.shape for p in self.params], compression.powersgd_rank, seed)
                          if compression.kind == "powersgd" else None)
         self.error: Optional[torch.Tensor] = None  # error feedback for lossy codecs
+        self.residual: Optional[list[torch.Tensor]] = None  # this round's unsent part, for strategies that keep it
+        #: keep what a lossy codec did not send in the local model (DiLoCo) rather than in a separate buffer
+        self.feedback_in_params = False
         self.aggregator = build_aggregator(cfg.aggregation, cfg.trim_fraction, cfg.clip_tau)
         self.round = 0
         self.samples_total = 0
@@ -365,7 +368,9 @@ class RoundAverager:
             flat = flat + self.error
         result = butterfly_allreduce(self.exchange, tag, group, me, flat, weight, self.codec, timeout, self.aggregator)
         self._flag(result)
-        if use_feedback:
+        if use_feedback and self.feedback_in_params:
+            self.residual = _unflatten(flat - result.sent, contribution)
+        elif use_feedback:
             self.error = flat - result.sent
         return _unflatten(result.average, contribution), result.complete
 

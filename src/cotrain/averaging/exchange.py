@@ -25,7 +25,7 @@ from cotrain.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
-CHUNK_BYTES = 1 << 20  # below the libp2p daemon's 4 MiB message limit
+CHUNK_BYTES = 1 << 18  # hivemind streams parts of at most 512 KiB itself; stay well below
 
 
 class UploadLimiter:
@@ -178,13 +178,26 @@ class Exchange:
         except Exception as e:  # the peer died, its daemon refused, the stream broke
             logger.debug("fetch %s from %s failed: %r", key, peer, e)
             return None
-        return bytes(out) if chunks else None  # a stream closed before any answer: the peer is going away
+        if not chunks or len(out) != total:
+            # the stream closed early (the peer is going away, or the link broke): never hand on a truncated piece
+            logger.info("fetch %s from %s: got %d of %d bytes", key, str(peer)[-8:], len(out), total)
+            return None
+        return bytes(out)
 
     def fetch_many(self, requests: Sequence[tuple[PeerID, str]], wait_s: float) -> list[Optional[bytes]]:
         """Fetch every (peer, key) concurrently; None for a piece that did not come within ``wait_s``."""
 
+        async def one(peer: PeerID, key: str) -> Optional[bytes]:
+            deadline = time.monotonic() + wait_s
+            for attempt in range(3):  # a broken stream is retried while time remains
+                data = await self._fetch(peer, key, max(0.0, deadline - time.monotonic()))
+                if data is not None or time.monotonic() >= deadline:
+                    return data
+                await asyncio.sleep(0.2 * (attempt + 1))
+            return None
+
         async def gather():
-            tasks = [asyncio.wait_for(self._fetch(peer, key, wait_s), timeout=wait_s + 10.0) for peer, key in requests]
+            tasks = [asyncio.wait_for(one(peer, key), timeout=wait_s + 10.0) for peer, key in requests]
             return await asyncio.gather(*tasks, return_exceptions=True)
 
         results = self._run(gather())

@@ -16,6 +16,7 @@ of one round meet), run a butterfly all-reduce of their compressed contributions
 
 from __future__ import annotations
 
+import abc
 import collections
 import hashlib
 import logging
@@ -91,7 +92,7 @@ class RoundStats:
     flagged: dict = field(default_factory=dict)
 
 
-class RoundAverager:
+class RoundAverager(abc.ABC):
     """Base of the strategies. Subclasses say what a peer contributes, how the average is applied, and what the
     shared state is; the node calls :meth:`local_step` then :meth:`after_local_step` for every local batch."""
 
@@ -136,9 +137,10 @@ class RoundAverager:
         self._publisher.start()
 
     # ---- what subclasses define ----------------------------------------------------------------------------------
+    @abc.abstractmethod
     def shared_tensors(self) -> list[torch.Tensor]:
         """Tensors every peer of a round holds identically (downloaded by joiners)."""
-        raise NotImplementedError
+        ...
 
     def shared_metadata(self) -> dict:
         return {}
@@ -146,15 +148,18 @@ class RoundAverager:
     def load_shared_metadata(self, metadata: dict) -> None:
         pass
 
+    @abc.abstractmethod
     def local_step(self) -> None:
         """After backward: what a local step does with the gradients."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def contribution(self) -> list[torch.Tensor]:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def apply(self, average: list[torch.Tensor]) -> None:
-        raise NotImplementedError
+        ...
 
     def discard_round(self) -> None:
         """Forget this round's local work (after a resync the shared state has moved on)."""

@@ -8,21 +8,24 @@ dropped and adds it to the next round's input).
 
 from __future__ import annotations
 
+import abc
 import math
 
 import numpy as np
 import torch
 
 
-class Codec:
+class Codec(abc.ABC):
     name = "base"
     lossy = True
 
+    @abc.abstractmethod
     def encode(self, x: torch.Tensor) -> bytes:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
-        raise NotImplementedError
+        ...
 
     def encode_result(self, x: torch.Tensor) -> bytes:
         """How a reducer sends back an averaged part (the same as ``encode`` unless a codec says otherwise)."""
@@ -31,9 +34,10 @@ class Codec:
     def decode_result(self, data: bytes, numel: int) -> torch.Tensor:
         return self.decode(data, numel)
 
+    @abc.abstractmethod
     def error_bound(self, x: torch.Tensor) -> float:
         """The largest absolute error ``decode(encode(x))`` may have, element-wise."""
-        raise NotImplementedError
+        ...
 
     def __repr__(self) -> str:
         return self.name

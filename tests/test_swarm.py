@@ -38,7 +38,7 @@ MODELS = {
     "fast_slow": {"model": {"kind": "fast_slow", "fast_size": 32, "slow_size": 32, "fast_cells": 2,
                             "zoneout_cell": 0.1, "zoneout_hidden": 0.05}},
     "sync_int8": {"averaging": {"strategy": "sync", "inner_steps": 2}, "compression": {"kind": "int8"}},
-    "diloco_powersgd": {"compression": {"kind": "powersgd", "powersgd_rank": 2}},
+    "diloco_powersgd": {"compression": {"kind": "powersgd", "powersgd_rank": 8}},
     "mdn_rnn": {"model": {"kind": "mdn_rnn", "hidden_size": 32, "num_mixtures": 3},
                 "env": {"id": "Pendulum-v1", "episodes": 16, "horizon": 20, "eval_episodes": 16}},
     "actions_wm": {"model": {"kind": "actions_wm", "hidden_size": 32},

@@ -60,7 +60,6 @@ class SwarmSummary:
     latest_checkpoint: str = ""
     latest_checkpoint_round: int = 0
     val_metrics: dict = field(default_factory=dict)
-    alerts: list[str] = field(default_factory=list)
 
 
 class InvalidField(ValueError):
@@ -277,7 +276,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             totals.samples_total = max(totals.samples_total, m.samples_total)
             totals.bytes_sent += m.bytes_sent
             totals.bytes_received += m.bytes_received
-        alerts = list(self.summary.alerts) + swarm_alerts(states) + self._flag_alerts()
+        alerts = swarm_alerts(states) + self._flag_alerts()
         return pb.SwarmHealth(run_id=self.run.run_id, nodes=rows, totals=totals, alerts=alerts, now_unix=now)
 
     def _flag_alerts(self) -> list[str]:
@@ -289,6 +288,3 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 flagged[peer] = flagged.get(peer, 0) + 1
         return [f"{by_peer.get(peer, 'peer ' + peer[-8:])}: sent non-finite or malformed updates; dropped by "
                 f"{count} peer(s)" for peer, count in sorted(flagged.items())]
-
-    def global_round(self) -> int:
-        return max((int(n.metrics.get("round", 0)) for n in self.nodes.values()), default=0)

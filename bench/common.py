@@ -46,9 +46,11 @@ class SwarmRun:
 
 
 def run_swarm(cfg: RunConfig, nodes: int, node_args: Sequence[str], workdir: Optional[Path] = None,
-              timeout: float = 3600.0, keep: bool = False, evaluate: bool = True) -> SwarmRun:
-    """Start a coordinator and ``nodes`` nodes with ``node_args`` (e.g. --max-rounds), wait until all have left,
-    and evaluate the shared model the nodes ended with on the whole validation split."""
+              timeout: float = 3600.0, keep: bool = False, evaluate: bool = True,
+              per_node_args: Optional[dict[int, Sequence[str]]] = None) -> SwarmRun:
+    """Start a coordinator and ``nodes`` nodes with ``node_args`` (e.g. --max-rounds) and ``per_node_args[i]`` for
+    node i, wait until all have left, and evaluate the shared model the nodes ended with on the whole validation
+    split."""
     tmp = Path(workdir or tempfile.mkdtemp(prefix="cotrain-bench-"))
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "run.toml").write_text(cfg.to_toml())
@@ -59,7 +61,8 @@ def run_swarm(cfg: RunConfig, nodes: int, node_args: Sequence[str], workdir: Opt
     started = time.monotonic()
     try:
         procs = [start_node(address, token, f"node-{i}", tmp / f"node-{i}",
-                            extra=["--threads", "1", "--wait-peers", str(nodes), *node_args]) for i in range(nodes)]
+                            extra=["--threads", "1", "--wait-peers", str(nodes), *node_args,
+                                   *(per_node_args or {}).get(i, ())]) for i in range(nodes)]
         for proc in procs:
             wait_for(lambda: not proc.alive(), timeout, interval=1.0, what=f"{proc.name} to finish")
         wall = time.monotonic() - started

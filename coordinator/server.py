@@ -102,7 +102,7 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
     torch.manual_seed(cfg.run.seed)
     model = build_model(cfg)
     exchange = Exchange(dht, f"{run_id}_exchange")
-    board = ProgressBoard(dht, f"{run_id}_progress", ttl=3 * cfg.averaging.progress_interval + 1.0)
+    board = ProgressBoard(dht, run_id, ttl=3 * cfg.averaging.progress_interval + 1.0)
     summary = SwarmSummary()
     run = RunInfo(run_id, cfg.to_toml(), corpus, cfg.coordinator.heartbeat_interval_s,
                   cfg.coordinator.lost_after_missed, initial_peers=lambda: visible_maddrs(dht),

@@ -19,6 +19,7 @@ import socket
 import tomllib
 from pathlib import Path
 
+from cotrain.config import ATTACKS
 from cotrain.node.limits import parse_size
 
 #: option -> (type, default); the types also check the config file's values
@@ -27,7 +28,7 @@ OPTIONS = {
     "max_steps": (int, 0), "max_rounds": (int, 0), "duration": (float, 0.0), "threads": (int, 0),
     "wait_peers": (int, 0), "dht_host": (str, "127.0.0.1"), "dht_announce": (str, ""), "client_mode": (bool, False),
     "max_cpus": (int, 0), "max_memory": (str, ""), "max_upload_mbps": (float, 0.0), "only_when_idle": (bool, False),
-    "ca": (str, None), "insecure": (bool, False),
+    "ca": (str, None), "insecure": (bool, False), "attack": (str, ""),
 }
 
 
@@ -63,6 +64,8 @@ def add_parser(subparsers) -> None:
                       help="address to tell peers instead of the listening one (a public address)")
     join.add_argument("--client-mode", action="store_true", default=S,
                       help="make outgoing DHT connections only (behind NAT; cannot serve state to others)")
+    join.add_argument("--attack", default=S, choices=ATTACKS,
+                      help="for benches and tests of robust aggregation only: this node sends corrupted updates")
     limits = join.add_argument_group("your limits")
     limits.add_argument("--max-cpus", type=int, default=S, help="use at most this many CPUs")
     limits.add_argument("--max-memory", default=S, help="leave cleanly when using more memory than this (e.g. 4G)")
@@ -110,6 +113,8 @@ def resolve_options(args: argparse.Namespace) -> dict:
     for key in ("duration", "max_upload_mbps"):
         if out[key] < 0:
             raise SystemExit(f"--{key.replace('_', '-')}: must be >= 0")
+    if out["attack"] and out["attack"] not in ATTACKS:
+        raise SystemExit(f"--config: attack must be one of {', '.join(ATTACKS)}, got {out['attack']!r}")
     if out["ca"] and out["insecure"]:
         raise SystemExit("--ca and --insecure exclude each other")
     try:
@@ -130,5 +135,6 @@ def cmd_join(args) -> int:
                      duration=o["duration"], threads=o["threads"], dht_host=o["dht_host"],
                      dht_announce=(o["dht_announce"],) if o["dht_announce"] else (),
                      client_mode=o["client_mode"], max_cpus=o["max_cpus"], max_memory=o["max_memory"],
-                     max_upload_mbps=o["max_upload_mbps"], only_when_idle=o["only_when_idle"])).run()
+                     max_upload_mbps=o["max_upload_mbps"], only_when_idle=o["only_when_idle"],
+                     attack=o["attack"])).run()
     return 0

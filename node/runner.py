@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from cotrain.averaging import RoundAverager, build_strategy, start_dht
+from cotrain.averaging import RoundAverager, build_strategy, load_record_key, start_dht
 from cotrain.checkpoint import (CheckpointError, atomic_write_bytes, decode_checkpoint, load_checkpoint, named_state,
                                 save_checkpoint)
 from cotrain.config import RunConfig
@@ -65,6 +65,8 @@ class NodeOptions:
     wait_peers: int = 0
     wait_peers_timeout: float = 300.0
     state_download_timeout: float = 30.0
+    #: byzantine for benches and tests: the contributions this node sends (cotrain.averaging.attacks)
+    attack: str = ""
 
 
 def pick_device(name: str) -> torch.device:
@@ -182,8 +184,12 @@ class Node:
         optimizer = torch.optim.AdamW(model.parameters(), lr=opt_cfg.lr, betas=opt_cfg.betas,
                                       weight_decay=opt_cfg.weight_decay)
         try:
+            record_key = load_record_key(opts.state_dir / "records.key" if opts.state_dir else None)
             self.averaging = build_strategy(model, optimizer, dht, response.run.run_id, cfg, peer_id=str(dht.peer_id),
-                                            client_mode=opts.client_mode, upload_bps=opts.max_upload_mbps * 1e6)
+                                            client_mode=opts.client_mode, upload_bps=opts.max_upload_mbps * 1e6,
+                                            record_key=record_key, attack=opts.attack)
+            if opts.attack:
+                logger.warning("BYZANTINE: this node sends %s-corrupted updates (--attack)", opts.attack)
             self._install_signal_handlers()  # hivemind may have replaced them
             if opts.wait_peers > 1:
                 found = self.averaging.wait_for_peers(opts.wait_peers, opts.wait_peers_timeout, self.stop)

@@ -15,6 +15,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
+#: byzantine behaviours a node can be started with, for benches and tests (cotrain.averaging.attacks)
+ATTACKS = ("scale", "sign_flip", "random")
+
+
 class ConfigError(ValueError):
     """A run config that cannot be used; the message names each bad field."""
 
@@ -169,6 +173,15 @@ class CoordinatorConfig(_Section):
     join_burst: int = Field(20, ge=1)
     heartbeat_rate_per_s: float = Field(200.0, ge=0.0)
     heartbeat_burst: int = Field(2000, ge=1)
+    #: work units: about this many bytes of the training split each (language models; a unit is never smaller
+    #: than 4 of a node's batches). Smaller units spread the data finer and lose less to a dead node; larger ones
+    #: carry the recurrent state further (it is reset between units).
+    unit_bytes: int = Field(262144, ge=1)
+    #: world models: units per epoch, each a quota of ``env.episodes`` rollouts from a seed of its own
+    units_per_epoch: int = Field(64, ge=1, le=1_000_000)
+    #: seconds a node may hold a unit before it is reissued; size it to several times a unit's training time on
+    #: the slowest node you accept (a node that stops heartbeating loses its units sooner, see lost_after_missed)
+    unit_deadline_s: float = Field(900.0, gt=0.0)
 
 
 class WarmStartConfig(_Section):

@@ -1,7 +1,7 @@
 """The data plane: finding peers over hivemind's DHT, forming groups, and averaging with them."""
 
 from cotrain.averaging.allreduce import AllReduceFailed, AllReduceResult, butterfly_allreduce, weighted_mean
-from cotrain.averaging.dht import start_dht, visible_maddrs
+from cotrain.averaging.dht import load_record_key, start_dht, visible_maddrs
 from cotrain.averaging.diloco import DiLoCo
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.progress import Action, Decision, PeerProgress, ProgressBoard, RoundRules, round_decision
@@ -13,14 +13,17 @@ __all__ = [
     "Action", "AllReduceFailed", "AllReduceResult", "Decision", "DiLoCo", "Exchange", "PeerProgress", "ProgressBoard",
     "RoundAverager", "RoundRules", "RoundStats", "STATE_KEY", "SyncAveraging", "build_strategy", "download_state",
     "pick_donors", "UploadLimiter",
-    "butterfly_allreduce", "make_averager", "round_decision", "start_dht", "visible_maddrs", "weighted_mean",
+    "butterfly_allreduce", "load_record_key", "make_averager", "round_decision", "start_dht", "visible_maddrs", "weighted_mean",
 ]
 
 
 def build_strategy(model, optimizer, dht, run_id: str, cfg, peer_id: str, client_mode: bool = False,
-                   upload_bps: float = 0.0) -> RoundAverager:
+                   upload_bps: float = 0.0, record_key=None, attack: str = "") -> RoundAverager:
     """The averaging strategy of a run config (:class:`cotrain.config.RunConfig`); ``upload_bps`` > 0 caps what
-    this peer sends to others, in bits per second."""
+    this peer sends to others, in bits per second; ``record_key`` signs this peer's DHT records (see
+    :func:`load_record_key`); ``attack`` makes this peer byzantine (:data:`cotrain.averaging.attacks.ATTACKS`), for
+    benches and tests of robust aggregation only."""
     cls = SyncAveraging if cfg.averaging.strategy == "sync" else DiLoCo
     return cls(model, optimizer, dht, run_id, cfg.averaging, cfg.compression, peer_id, cfg.optimizer.grad_clip,
-               client_mode=client_mode, seed=cfg.run.seed, upload_bps=upload_bps)
+               client_mode=client_mode, seed=cfg.run.seed, upload_bps=upload_bps, record_key=record_key,
+               attack=attack)

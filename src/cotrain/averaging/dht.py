@@ -9,6 +9,7 @@ import sys
 from typing import Sequence
 
 from hivemind.dht import DHT
+from hivemind.utils.crypto import RSAPrivateKey
 
 
 def start_dht(initial_peers: Sequence[str] = (), host: str = "127.0.0.1", port: int = 0,
@@ -64,3 +65,26 @@ def die_with_parent() -> None:
 
 def visible_maddrs(dht: DHT) -> list[str]:
     return [str(m) for m in dht.get_visible_maddrs()]
+
+
+def load_record_key(path: str | os.PathLike | None) -> RSAPrivateKey:
+    """The RSA key that signs this peer's DHT records (its progress), kept in ``path`` (created when missing, written
+    atomically, readable by the owner only) so that a node restarted with the same identity signs with the same
+    key and overwrites its own record. None: a new key for this process's lifetime."""
+    if path is None:
+        return RSAPrivateKey()
+    path = os.fspath(path)
+    if os.path.exists(path):
+        key = RSAPrivateKey.__new__(RSAPrivateKey)
+        with open(path, "rb") as f:
+            key.__setstate__({"_private_key": f.read()})  # hivemind's own unpickling: DER bytes
+        return key
+    key = RSAPrivateKey()
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key.to_bytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return key

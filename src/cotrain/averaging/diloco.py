@@ -17,7 +17,8 @@ class DiLoCo(RoundAverager):
     strategy = "diloco"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dht, run_id, cfg, compression,
-                 peer_id: str, grad_clip: float, client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0):
+                 peer_id: str, grad_clip: float, client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0,
+                 **options):
         self.global_params = [p.detach().clone() for p in model.parameters()]
         self.momentum = [torch.zeros_like(p) for p in self.global_params]
         self.outer = torch.optim.SGD(self.global_params, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
@@ -26,7 +27,7 @@ class DiLoCo(RoundAverager):
             for p, buf in zip(self.global_params, self.momentum):
                 self.outer.state[p]["momentum_buffer"] = buf
         super().__init__(model, optimizer, dht, run_id, cfg, compression, peer_id, grad_clip, client_mode, seed,
-                         upload_bps)
+                         upload_bps, **options)
         # error feedback through the parameters: after a round the local model restarts from the new global
         # parameters *plus its own progress that the codec did not send* (global - local = the unsent residual),
         # so the next pseudo-gradient carries it and the local model does not have to learn it again

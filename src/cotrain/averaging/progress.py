@@ -13,8 +13,12 @@ import enum
 from dataclasses import asdict, dataclass
 from typing import Iterable, Optional
 
+import pydantic.v1 as pydantic
 from hivemind.dht import DHT
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.utils import ValueWithExpiration, get_dht_time
+from hivemind.utils.crypto import RSAPrivateKey
 
 
 class Action(enum.Enum):
@@ -96,16 +100,47 @@ def round_decision(now: float, me: PeerProgress, peers: Iterable[PeerProgress], 
     return Decision(Action.TRAIN, f"waiting for {len(waiting_on)} slower peer(s) ({names}) to reach round's end")
 
 
-class ProgressBoard:
-    """Publishes this node's progress and reads everyone's, on one DHT key."""
+class ProgressRecord(pydantic.BaseModel):
+    """What one peer may publish about itself. Strict types: the DHT rejects a record that does not match exactly."""
 
-    def __init__(self, dht: DHT, key: str, ttl: float):
-        self.dht, self.key, self.ttl = dht, key, ttl
+    round: pydantic.conint(strict=True, ge=0)
+    steps: pydantic.conint(strict=True, ge=0)
+    samples: pydantic.conint(strict=True, ge=0)
+    phase: pydantic.constr(strict=True, max_length=16)
+    mid_round: pydantic.StrictBool
+    time: pydantic.StrictFloat
+
+
+class ProgressSchema(pydantic.BaseModel):
+    #: one subkey per peer: its peer id followed by its RSA public key (``[owner:...]``), and only the holder of that
+    #: key can write it (hivemind's signature validator): no peer can overwrite or forge another peer's progress
+    progress: dict[BytesWithPublicKey, Optional[ProgressRecord]]
+
+
+OWNER_MARKER = b"[owner:"
+
+
+class ProgressBoard:
+    """Publishes this node's progress and reads everyone's, on the DHT key ``{run_id}_progress``.
+
+    The board installs two record validators on its DHT peer: a schema for the key (records of another shape are
+    refused by every peer that would store them) and hivemind's RSA signature validator, so each peer's record is
+    signed with its own key. Give each board in one process its own ``private_key`` (hivemind otherwise shares one
+    key per process); a board that only reads (the coordinator's) needs none.
+    """
+
+    def __init__(self, dht: DHT, run_id: str, ttl: float, private_key: Optional[RSAPrivateKey] = None):
+        self.dht, self.key, self.ttl = dht, f"{run_id}_progress", ttl
+        self.signer = RSASignatureValidator(private_key or RSAPrivateKey())
+        dht.add_validators([SchemaValidator(ProgressSchema, prefix=run_id), self.signer])
+
+    def subkey(self, peer_id: str) -> bytes:
+        return peer_id.encode() + self.signer.local_public_key
 
     def publish(self, progress: PeerProgress) -> None:
         record = progress.to_record()
-        record["time"] = get_dht_time()
-        self.dht.store(self.key, subkey=progress.peer_id, value=record,
+        record["time"] = float(get_dht_time())
+        self.dht.store(self.key, subkey=self.subkey(progress.peer_id), value=record,
                        expiration_time=get_dht_time() + self.ttl, return_future=True)
 
     def read(self, timeout: float = 5.0) -> list[PeerProgress]:
@@ -117,8 +152,11 @@ class ProgressBoard:
             return []
         out = []
         for subkey, item in found.value.items():
+            if not isinstance(subkey, bytes) or OWNER_MARKER not in subkey:
+                continue
+            peer_id = subkey[:subkey.index(OWNER_MARKER)].decode(errors="replace")
             if isinstance(item, ValueWithExpiration) and isinstance(item.value, dict):
-                parsed = PeerProgress.from_record(str(subkey), item.value)
+                parsed = PeerProgress.from_record(peer_id, item.value)
                 if parsed is not None:
                     out.append(parsed)
         return out

@@ -31,6 +31,7 @@ import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.dht import DHT
 
+from cotrain.averaging.attacks import make_attack
 from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.robust import build_aggregator
@@ -100,7 +101,8 @@ class RoundAverager(abc.ABC):
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dht: DHT, run_id: str,
                  cfg: AveragingConfig, compression: CompressionConfig, peer_id: str, grad_clip: float,
-                 client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0):
+                 client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0, record_key=None,
+                 attack: str = ""):
         self.model, self.optimizer, self.dht, self.cfg, self.run_id = model, optimizer, dht, cfg, run_id
         self.compression, self.peer_id, self.grad_clip = compression, peer_id, grad_clip
         self.params = [p for p in model.parameters()]
@@ -115,6 +117,7 @@ class RoundAverager(abc.ABC):
         #: keep what a lossy codec did not send in the local model (DiLoCo) rather than in a separate buffer
         self.feedback_in_params = False
         self.aggregator = build_aggregator(cfg.aggregation, cfg.trim_fraction, cfg.clip_tau)
+        self.attack = make_attack(attack, seed) if attack else None
         self.round = 0
         self.samples_total = 0
         self.steps_in_round = 0
@@ -124,7 +127,7 @@ class RoundAverager(abc.ABC):
         self.retry_at = 0.0
         self.stats = RoundStats()
         self.rules = RoundRules(cfg.inner_steps, cfg.round_wait, stale_after=3 * cfg.progress_interval + 1.0)
-        self.board = ProgressBoard(dht, f"{run_id}_progress", ttl=self.rules.stale_after)
+        self.board = ProgressBoard(dht, run_id, ttl=self.rules.stale_after, private_key=record_key)
         self.phase = "train"
         self._peers: list[PeerProgress] = []
         self._stop = threading.Event()
@@ -360,6 +363,8 @@ class RoundAverager(abc.ABC):
 
             def reduce(vector: torch.Tensor, phase: str) -> torch.Tensor:
                 nonlocal complete
+                if self.attack is not None:
+                    vector = self.attack(vector)
                 result = butterfly_allreduce(self.exchange, f"{tag}-{phase}", group, me, vector, weight, self.codec,
                                              timeout, self.aggregator)
                 complete = complete and result.complete
@@ -368,10 +373,11 @@ class RoundAverager(abc.ABC):
 
             return self.powersgd.reduce(contribution, reduce), complete
         flat = torch.cat([c.detach().float().cpu().reshape(-1) for c in contribution])
-        use_feedback = self.codec.lossy and self.compression.error_feedback
+        use_feedback = self.codec.lossy and self.compression.error_feedback and self.attack is None
         if use_feedback and self.error is not None:
             flat = flat + self.error
-        result = butterfly_allreduce(self.exchange, tag, group, me, flat, weight, self.codec, timeout, self.aggregator)
+        sent = self.attack(flat) if self.attack is not None else flat
+        result = butterfly_allreduce(self.exchange, tag, group, me, sent, weight, self.codec, timeout, self.aggregator)
         self._flag(result)
         if use_feedback and self.feedback_in_params:
             self.residual = _unflatten(flat - result.sent, contribution)

@@ -13,12 +13,13 @@ class SyncAveraging(RoundAverager):
     strategy = "sync"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dht, run_id, cfg, compression,
-                 peer_id: str, grad_clip: float, client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0):
+                 peer_id: str, grad_clip: float, client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0,
+                 **options):
         self._init_optimizer_state(model, optimizer)
         self.grad_sum = [torch.zeros_like(p) for p in model.parameters()]
         self.micro_batches = 0
         super().__init__(model, optimizer, dht, run_id, cfg, compression, peer_id, grad_clip, client_mode, seed,
-                         upload_bps)
+                         upload_bps, **options)
 
     @staticmethod
     def _init_optimizer_state(model, optimizer) -> None:

@@ -1,0 +1,128 @@
+"""Does training go on while nodes keep dying? A swarm of 4 under a killer, next to a clean run of the same length.
+
+    python bench/chaos.py [--nodes 4] [--duration 240] [--kill-every 15] [--json FILE]
+
+Both runs are real swarms (coordinator and node processes on this machine) training the same char LSTM with DiLoCo
+for the same wall time. In the chaos run a killer picks a random node every ``--kill-every`` seconds, kills it with
+SIGKILL (mid-round or not, as a crash would) and starts it again at once with the same identity (state dir), so it
+rejoins, downloads the swarm's state and catches up. At the end every node is stopped cleanly; the shared model of
+the node with the most rounds is evaluated on the whole validation split (nats per character).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import default_text, evaluate_state, print_table, write_json  # noqa: E402
+
+from cotrain.checkpoint import load_checkpoint  # noqa: E402
+from cotrain.config import RunConfig  # noqa: E402
+from cotrain.coordinator.store import Store  # noqa: E402
+from cotrain.launch import start_coordinator, start_node  # noqa: E402
+
+
+def make_config(args) -> RunConfig:
+    return RunConfig.from_dict(dict(
+        run={"name": "chaos", "seed": 0},
+        model={"kind": "lstm", "embed_dim": 32, "hidden_size": args.hidden, "num_layers": 1, "dropout": 0.0},
+        data={"source": args.data, "seq_len": 64, "batch_size": 16},
+        optimizer={"lr": 3e-3, "min_lr": 3e-4, "decay_steps": 4000, "grad_clip": 1.0},
+        averaging={"strategy": "diloco", "inner_steps": args.H, "matchmaking_time": 2.0, "request_timeout": 1.5,
+                   "progress_interval": 0.5, "round_wait": 10.0, "allreduce_timeout": 20.0},
+        coordinator={"checkpoint_interval_s": 3600.0},
+        device="cpu",
+    ))
+
+
+def one_run(args, chaos: bool) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="cotrain-chaos-"))
+    cfg = make_config(args)
+    (tmp / "run.toml").write_text(cfg.to_toml())
+    token = Store(tmp / "coordinator").create_token("bench")
+    coordinator, address = start_coordinator(tmp / "coordinator", tmp / "run.toml")
+    rng = random.Random(args.seed)
+    nodes: dict[int, object] = {}
+    failures = 0
+
+    def launch(i: int, first: bool):
+        extra = ["--threads", "1", *(["--wait-peers", str(args.nodes)] if first else [])]
+        return start_node(address, token, f"node-{i}", tmp / f"node-{i}", extra=extra)
+
+    try:
+        nodes = {i: launch(i, first=True) for i in range(args.nodes)}
+        started = time.monotonic()
+        next_kill = started + args.kill_every
+        while time.monotonic() - started < args.duration:
+            time.sleep(0.5)
+            for i, proc in nodes.items():
+                if not proc.alive():
+                    raise RuntimeError(f"node-{i} exited by itself (code {proc.popen.returncode}); logs in {tmp}")
+            if chaos and time.monotonic() >= next_kill:
+                victim = rng.randrange(args.nodes)
+                nodes[victim].kill()
+                failures += 1
+                print(f"  t={time.monotonic() - started:5.0f}s  killed node-{victim} (kill -9), restarting it",
+                      flush=True)
+                nodes[victim] = launch(victim, first=False)
+                next_kill += args.kill_every
+        wall = time.monotonic() - started
+        codes = {i: p.stop(60) for i, p in nodes.items()}
+        if any(codes.values()):
+            raise RuntimeError(f"node exit codes {codes}; logs in {tmp}")
+    finally:
+        for p in nodes.values():
+            p.stop(10)
+        coordinator.stop(30)
+    finals = [load_checkpoint(tmp / f"node-{i}" / "last.safetensors") for i in range(args.nodes)]
+    final = max(finals, key=lambda c: c.round)
+    metrics = evaluate_state(cfg, final.model_state())
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    row = dict(run="chaos" if chaos else "clean", failures_injected=failures, rounds_completed=final.round,
+               val_loss=metrics["val_loss"], wall_s=wall)
+    print(f"  {row['run']:5}: {failures} failures, {final.round} rounds, val_loss {row['val_loss']:.4f}", flush=True)
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=None, help="text file (default ../shared/data/tinyshakespeare.txt)")
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--duration", type=float, default=240.0, help="seconds of training per run")
+    parser.add_argument("--kill-every", type=float, default=15.0, help="seconds between kills")
+    parser.add_argument("--H", type=int, default=20, help="local steps per round")
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the killer's choices")
+    parser.add_argument("--keep", action="store_true", help="keep the runs' folders (logs)")
+    parser.add_argument("--json", default=None, metavar="FILE", help="write the figures to FILE")
+    args = parser.parse_args()
+    if args.nodes < 2:
+        parser.error("--nodes: at least 2")
+    if args.duration <= 0 or args.kill_every <= 0:
+        parser.error("--duration and --kill-every: must be > 0")
+    args.data = args.data or default_text()
+
+    print(f"chaos bench: {args.nodes} nodes for {args.duration:.0f}s, a kill every {args.kill_every:.0f}s", flush=True)
+    chaos = one_run(args, chaos=True)
+    clean = one_run(args, chaos=False)
+    print_table(f"{args.nodes} nodes, {args.duration:.0f}s each: chaos against clean",
+                ["run", "failures_injected", "rounds_completed", "val_loss", "wall_s"],
+                [[r["run"], r["failures_injected"], r["rounds_completed"], r["val_loss"], r["wall_s"]]
+                 for r in (chaos, clean)])
+    write_json(args.json, {"failures_injected": chaos["failures_injected"],
+                           "rounds_completed": chaos["rounds_completed"], "val_loss": chaos["val_loss"],
+                           "clean_val_loss": clean["val_loss"], "clean_rounds_completed": clean["rounds_completed"],
+                           "nodes": args.nodes, "duration_s": args.duration, "kill_every_s": args.kill_every})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

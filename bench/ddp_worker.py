@@ -27,7 +27,6 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from cotrain.config import RunConfig
-from cotrain.coordinator.membership import assign_shards
 from cotrain.data import Corpus
 from cotrain.models import build_model
 from cotrain.tasks import build_task
@@ -67,9 +66,9 @@ def main() -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt_cfg.lr, betas=opt_cfg.betas,
                                   weight_decay=opt_cfg.weight_decay)
     corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)
-    shards, _ = assign_shards([str(r) for r in range(args.world_size)], corpus.train.start, corpus.train.end)
-    shard = shards[str(args.rank)]
-    batches = task.train_data(corpus.read, shard.start, shard.end, cfg.run.seed)
+    share = corpus.train.size // args.world_size  # a contiguous shard per rank, as DistributedSampler would
+    start = corpus.train.start + args.rank * share
+    batches = task.train_data(corpus.read, start, start + share, cfg.run.seed)
     out = open(args.out, "a") if args.rank == 0 and args.out else None
     device = torch.device("cpu")
 

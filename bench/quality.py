@@ -48,12 +48,9 @@ def run_lm(data: str, nodes: int, total_sequences: int, inner_steps: int, outer_
 
 
 def run_world_model(nodes: int, rounds: int, env_id: str) -> dict:
-    import torch
-
     from common import evaluate_state
 
-    from cotrain.controller import evaluate_policy, train_controller_in_dream
-    from cotrain.data.rollouts import collect_rollouts
+    from cotrain.controller import controller_vs_random
     from cotrain.models import build_model
 
     cfg = RunConfig.from_dict(dict(
@@ -72,11 +69,8 @@ def run_world_model(nodes: int, rounds: int, env_id: str) -> dict:
     model = build_model(cfg)
     model.load_state_dict(state)
     model.eval()
-    start = collect_rollouts(env_id, 32, 2, seed=12345).obs[:, 0]
-    policy, _ = train_controller_in_dream(model, env_id, start, horizon=cfg.env.horizon, iterations=40, popsize=16,
-                                          seed=0)
-    controller_return = evaluate_policy(policy, env_id, episodes=20, seed=777, horizon=200)
-    random_return = evaluate_policy(None, env_id, episodes=20, seed=777, horizon=200)
+    returns = controller_vs_random(model, env_id, horizon=cfg.env.horizon)
+    controller_return, random_return = returns["controller_return"], returns["random_return"]
     return dict(env=env_id, nodes=nodes, val_nll=metrics["nll"], normalized_mse=metrics["normalized_mse"],
                 controller_return=controller_return, random_return=random_return, wall_s=run.wall_s)
 

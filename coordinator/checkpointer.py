@@ -3,7 +3,8 @@
 Every ``checkpoint_interval_s`` it reads the swarm's progress from the DHT; when the swarm has finished a round
 that is not checkpointed yet, it downloads the global state from the peer with the most progress (hivemind's state
 download, the same path a joining node takes), writes it atomically to ``state_dir/checkpoints``, records it in
-the store, and evaluates it on the validation split.
+the store, and hands it to the :class:`Evaluator` (every ``eval_every_rounds`` rounds; on a Ray fleet as a task), whose
+results go into the run's metrics.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ import torch
 from cotrain.averaging import Exchange, ProgressBoard, download_state, pick_donors
 from cotrain.checkpoint import save_checkpoint
 from cotrain.config import RunConfig
-from cotrain.data import Corpus
-from cotrain.tasks import build_task
-
+from cotrain.coordinator.evaluator import Evaluator
 from cotrain.coordinator.service import SwarmSummary
 from cotrain.coordinator.store import Store
 
@@ -30,11 +29,10 @@ logger = logging.getLogger(__name__)
 
 class Checkpointer(threading.Thread):
     def __init__(self, cfg: RunConfig, run_id: str, model: torch.nn.Module, exchange: Exchange,
-                 board: ProgressBoard, store: Store, corpus: Optional[Corpus], summary: SwarmSummary):
+                 board: ProgressBoard, store: Store, summary: SwarmSummary, evaluator: Evaluator):
         super().__init__(name="checkpointer", daemon=True)
         self.cfg, self.run_id, self.model, self.exchange = cfg, run_id, model, exchange
-        self.board, self.store, self.corpus, self.summary = board, store, corpus, summary
-        self.task = build_task(cfg)
+        self.board, self.store, self.summary, self.evaluator = board, store, summary, evaluator
         self.folder = store.state_dir / "checkpoints"
         self.stop_event = threading.Event()
         self.wake = threading.Event()
@@ -60,8 +58,10 @@ class Checkpointer(threading.Thread):
         self.wake.set()
 
     def tick(self) -> Optional[Path]:
+        for round_number, metrics in self.evaluator.collect() if self.evaluator.fleet is not None else ():
+            self._record_eval(round_number, metrics)
         stale_after = 3 * self.cfg.averaging.progress_interval + 1.0
-        donors = pick_donors(time.time(), "", self.board.read(), stale_after)
+        donors = pick_donors(time.time(), "", self.board.read() or [], stale_after)
         if not donors or donors[0].round <= self.last_round:
             return None
         result = download_state(self.exchange, donors, timeout=120.0, run_id=self.run_id)
@@ -86,16 +86,15 @@ class Checkpointer(threading.Thread):
         self.summary.latest_checkpoint, self.summary.latest_checkpoint_round = str(path), round_number
         logger.info("checkpoint of round %d written to %s", round_number, path)
         self._prune()
-        self._evaluate(round_number, [state[f"model.{n}"] for n in names])
+        for evaluated, metrics in self.evaluator.submit(round_number, path.read_bytes()):
+            self._record_eval(evaluated, metrics)
         return path
 
-    def _evaluate(self, round_number: int, params: list[torch.Tensor]) -> None:
-        with torch.no_grad():
-            for p, t in zip(self.model.parameters(), params):
-                p.copy_(t)
-        metrics = self.task.evaluate(self.model, self.corpus, max_bytes=self.cfg.coordinator.eval_bytes)
+    def _record_eval(self, round_number: int, metrics: dict) -> None:
         self.store.add_eval(round_number, metrics)
         s = self.summary
+        if round_number < s.val_round:
+            return  # a Ray task that finished after a later round's: kept in the history, not shown as latest
         s.val_loss, s.val_bpc, s.val_round, s.val_metrics = metrics["val_loss"], metrics["val_bpc"], round_number, metrics
         logger.info("round %d: validation %s", round_number,
                     ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))

@@ -32,6 +32,13 @@ def add_parser(subparsers) -> None:
                        help="address to give nodes for the DHT instead of the listening one, e.g. "
                             "/ip4/203.0.113.5/tcp/7452 (repeatable)")
     start.add_argument("--dht-port", type=int, default=0, help="TCP port of the DHT bootstrap peer (0: any free)")
+    ray = start.add_argument_group("the operator's fleet (Ray; volunteers never join it)")
+    ray.add_argument("--ray-address", default=None, metavar="auto|ADDRESS",
+                     help="Ray cluster for managed nodes and evaluation tasks (default: a local Ray instance when "
+                          "--managed-nodes is given, else no Ray: evaluations run on the coordinator)")
+    ray.add_argument("--managed-nodes", type=int, default=0, metavar="N", help="run N nodes as Ray actors")
+    ray.add_argument("--managed-node-cpus", type=float, default=1.0, metavar="CPUS",
+                     help="CPUs reserved per managed node (fractions allowed)")
     tls = start.add_argument_group("TLS (required unless --insecure)")
     tls.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
     tls.add_argument("--tls-key", type=Path, help="server private key (PEM)")
@@ -60,6 +67,10 @@ def cmd_start(args) -> int:
     for flag, port in (("--dht-port", args.dht_port), ("--http-port", args.http_port)):
         if port is not None and not 0 <= port <= 65535:
             raise SystemExit(f"{flag}: must be in 0..65535, got {port}")
+    if args.managed_nodes < 0:
+        raise SystemExit(f"--managed-nodes: must be >= 0, got {args.managed_nodes}")
+    if not args.managed_node_cpus > 0:
+        raise SystemExit(f"--managed-node-cpus: must be > 0, got {args.managed_node_cpus}")
     for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
         if path is not None and not path.is_file():
             raise SystemExit(f"{flag}: no such file {path}")
@@ -74,7 +85,9 @@ def cmd_start(args) -> int:
         cfg = (cfg or RunConfig()).with_overrides(warm_start=values)
     options = CoordinatorOptions(listen=args.listen, state_dir=args.state_dir, dht_port=args.dht_port,
                                  insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                                 http_port=args.http_port, dht_announce=tuple(args.dht_announce))
+                                 http_port=args.http_port, dht_announce=tuple(args.dht_announce),
+                                 ray_address=args.ray_address, managed_nodes=args.managed_nodes,
+                                 managed_node_cpus=args.managed_node_cpus)
     asyncio.run(serve(cfg, options))
     return 0
 

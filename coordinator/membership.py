@@ -1,4 +1,4 @@
-"""Membership and data-assignment decisions, as pure functions of (now, state, config).
+"""Membership decisions, as pure functions of (now, state, config) (work units: :mod:`workunits`).
 
 Each returns its decision with a reason in words; the service logs the reason and the health view shows it.
 Tests drive them with plain numbers for ``now``.
@@ -56,7 +56,7 @@ def swarm_alerts(rows: Sequence[tuple[NodeView, str, str]]) -> list[str]:
         if state == STRAGGLER:
             alerts.append(f"{node.name}: {reason}" + ("" if "loss" in reason else ": straggler"))
         elif state == LOST:
-            alerts.append(f"{node.name}: lost ({reason}); its data went back to the pool")
+            alerts.append(f"{node.name}: lost ({reason}); its work units were reissued")
         if node.partial_rounds and state in (HEALTHY, STRAGGLER):
             total = node.rounds_completed or node.partial_rounds
             alerts.append(f"{node.name}: {node.partial_rounds} of {total} rounds averaged without every peer's "
@@ -69,26 +69,3 @@ def active_nodes(now: float, nodes: Iterable[NodeView], heartbeat_interval: floa
     """Nodes that hold data: not left and not lost, in the order they joined."""
     limit = heartbeat_interval * lost_after_missed
     return sorted((n for n in nodes if not n.left and now - n.last_seen <= limit), key=lambda n: (n.joined, n.node_id))
-
-
-@dataclass(frozen=True)
-class Assignment:
-    shard_index: int
-    num_shards: int
-    start: int
-    end: int
-
-
-def assign_shards(active: Sequence[str], train_start: int, train_end: int) -> tuple[dict[str, Assignment], str]:
-    """Split the training range into one contiguous shard per active node, in join order.
-
-    When a node joins or goes, every node's shard changes: the service tells each node whose shard changed to
-    take its new one (command REASSIGN), so the whole corpus stays covered by the nodes that are there.
-    """
-    n = max(1, len(active))
-    size = (train_end - train_start) // n
-    out = {}
-    for i, node_id in enumerate(active):
-        end = train_end if i == n - 1 else train_start + (i + 1) * size
-        out[node_id] = Assignment(i, n, train_start + i * size, end)
-    return out, f"{len(active)} active node(s), {size} training bytes each"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import uuid
 from dataclasses import dataclass
@@ -25,9 +26,12 @@ from cotrain.warmstart import fresh_parameters, shrink_perturb
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
 
 from cotrain.coordinator.checkpointer import Checkpointer
+from cotrain.coordinator.evaluator import evaluator_for
+from cotrain.coordinator.fleet import Fleet, ManagedNodeSpec
 from cotrain.coordinator.service import CoordinatorService, RunInfo, SwarmSummary
 from cotrain.coordinator.store import StateDirError, Store
 from cotrain.coordinator.web import WebServer
+from cotrain.coordinator.workunits import plan_ranges
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +48,12 @@ class CoordinatorOptions:
     http_port: Optional[int] = None
     #: multiaddrs the DHT peer tells nodes instead of its listening ones (a public address)
     dht_announce: tuple = ()
+    #: the operator's Ray cluster ("auto", "ray://HOST:PORT", "HOST:PORT"); None with managed_nodes > 0: a local
+    #: Ray instance. With Ray, evaluations run as Ray tasks.
+    ray_address: Optional[str] = None
+    #: nodes to run on the Ray cluster as actors (restarted on failure), CPUs each
+    managed_nodes: int = 0
+    managed_node_cpus: float = 1.0
 
 
 def resolve_run(cfg: Optional[RunConfig], store: Store) -> tuple[str, RunConfig]:
@@ -89,6 +99,15 @@ def warm_start_run(cfg: RunConfig, run_id: str, store: Store) -> Path:
     return path
 
 
+def unit_ranges(cfg: RunConfig, corpus: Optional[Corpus]) -> list[tuple[int, int]]:
+    """The work units of every epoch: byte ranges of the training split, or for world models one rollout quota
+    each (``env.episodes`` rollouts from the unit's seed)."""
+    if corpus is None:
+        return [(i, i + 1) for i in range(cfg.coordinator.units_per_epoch)]
+    min_unit = cfg.data.batch_size * (cfg.data.seq_len + 1) * 4
+    return plan_ranges(corpus.train.start, corpus.train.end, cfg.coordinator.unit_bytes, min_unit)
+
+
 async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
     host, port = parse_address(options.listen, "--listen")
     store = Store(options.state_dir)
@@ -107,9 +126,15 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
     run = RunInfo(run_id, cfg.to_toml(), corpus, cfg.coordinator.heartbeat_interval_s,
                   cfg.coordinator.lost_after_missed, initial_peers=lambda: visible_maddrs(dht),
                   join_limit=(cfg.coordinator.join_rate_per_s, cfg.coordinator.join_burst),
-                  heartbeat_limit=(cfg.coordinator.heartbeat_rate_per_s, cfg.coordinator.heartbeat_burst))
+                  heartbeat_limit=(cfg.coordinator.heartbeat_rate_per_s, cfg.coordinator.heartbeat_burst),
+                  unit_ranges=unit_ranges(cfg, corpus), unit_deadline_s=cfg.coordinator.unit_deadline_s,
+                  seed=cfg.run.seed)
     service = CoordinatorService(store, run, summary)
-    checkpointer = Checkpointer(cfg, run_id, model, exchange, board, store, corpus, summary)
+    fleet = None
+    if options.ray_address or options.managed_nodes:
+        fleet = Fleet(options.ray_address, num_cpus=max(os.cpu_count() or 1,
+                                                        options.managed_nodes * options.managed_node_cpus + 1))
+    checkpointer = Checkpointer(cfg, run_id, model, exchange, board, store, summary, evaluator_for(cfg, fleet))
 
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
     pb_grpc.add_CoordinatorServicer_to_server(service, server)
@@ -127,34 +152,48 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     checkpointer.start()
     loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
 
     async def snapshot():
         return service.health()
 
-    web = None
-    if options.http_port is not None:
-        web = WebServer(host, options.http_port,
-                        lambda: asyncio.run_coroutine_threadsafe(snapshot(), loop).result(timeout=10), store)
-        web.start()
-
-    address = f"{host}:{bound}"
-    info = dict(address=address, run_id=run_id, dht=visible_maddrs(dht), tls=not options.insecure,
-                http=f"http://{host}:{web.port}" if web else None)
-    atomic_write_bytes(options.state_dir / "coordinator.json", json.dumps(info, indent=1).encode())
-    logger.info("coordinator of run %s listening on %s (%s); DHT at %s", run_id, address,
-                "plaintext" if options.insecure else "TLS", " ".join(info["dht"]))
-    print(f"coordinator listening on {address} run={run_id}" + (f" dashboard {info['http']}" if web else ""),
-          flush=True)
-
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    web, managed_token = None, None
     try:
+        if options.http_port is not None:
+            web = WebServer(host, options.http_port,
+                            lambda: asyncio.run_coroutine_threadsafe(snapshot(), loop).result(timeout=10), store)
+            web.start()
+        address = f"{host}:{bound}"
+        managed_pids = []
+        if fleet is not None and options.managed_nodes:
+            managed_token = f"managed-{uuid.uuid4().hex[:8]}"
+            dial = f"{fleet.ray.util.get_node_ip_address() if host in ('0.0.0.0', '::') else host}:{bound}"
+            spec = ManagedNodeSpec(dial, store.create_token(managed_token), options.state_dir / "managed",
+                                   options.insecure, ca=str(options.tls_cert) if options.tls_cert else None,
+                                   cpus_per_node=options.managed_node_cpus)
+            # off the event loop: the gRPC server keeps answering (the nodes join while they start)
+            await asyncio.to_thread(fleet.start_nodes, options.managed_nodes, spec)
+            managed_pids = await asyncio.to_thread(fleet.node_pids)
+        info = dict(address=address, run_id=run_id, dht=visible_maddrs(dht), tls=not options.insecure,
+                    http=f"http://{host}:{web.port}" if web else None,
+                    ray=None if fleet is None else ("local" if fleet.local else options.ray_address),
+                    managed_pids=managed_pids)
+        atomic_write_bytes(options.state_dir / "coordinator.json", json.dumps(info, indent=1).encode())
+        logger.info("coordinator of run %s listening on %s (%s); DHT at %s", run_id, address,
+                    "plaintext" if options.insecure else "TLS", " ".join(info["dht"]))
+        print(f"coordinator listening on {address} run={run_id}" + (f" dashboard {info['http']}" if web else ""),
+              flush=True)
         await stop.wait()
     finally:
         logger.info("coordinator shutting down")
         if web is not None:
             web.stop()
+        if fleet is not None:  # while the gRPC server still answers: managed nodes leave cleanly
+            await asyncio.to_thread(fleet.shutdown)
+        if managed_token is not None:
+            store.revoke_token(managed_token)
         await health_servicer.enter_graceful_shutdown()
         await server.stop(grace=2.0)
         checkpointer.stop()

@@ -1,4 +1,4 @@
-"""The gRPC ``Coordinator`` service: admission, heartbeats, data, health.
+"""The gRPC ``Coordinator`` service: admission, heartbeats, work units, data, health.
 
 Runs on one asyncio loop; the in-memory view of the nodes is mirrored to the SQLite :class:`Store` before any answer
 leaves, so a restarted coordinator knows every member it had acknowledged.
@@ -23,8 +23,9 @@ from cotrain.protocol import MAX_READ_BYTES, PROTOCOL_VERSION, SUPPORTED_PROTOCO
 from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
 
-from cotrain.coordinator.membership import (Assignment, NodeView, active_nodes, assign_shards, node_state,
-                                            swarm_alerts)
+from cotrain.coordinator.membership import NodeView, active_nodes, node_state, swarm_alerts
+from cotrain.coordinator.workunits import (SchedulingRules, Unit, complete_unit, current_epoch, finished_epochs,
+                                           held_by, issue_unit, reclaim_units, unit_counts)
 from cotrain.coordinator.ratelimit import RateLimiter, peer_address
 from cotrain.coordinator.store import NodeRecord, Store, hash_secret
 
@@ -35,7 +36,9 @@ CHECKPOINT_CHUNK = 1 << 20
 MAX_TOKEN_LEN = 256
 METRIC_FIELDS = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch",
                  "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s", "state_bytes_sent",
-                 "state_bytes_received", "peer_id")
+                 "state_bytes_received", "peer_id", "units_done")
+#: how long a node waits before asking again when no work unit is free
+RETRY_WORK_S = 2.0
 
 
 @dataclass
@@ -48,6 +51,10 @@ class RunInfo:
     initial_peers: Callable[[], list[str]]
     join_limit: tuple[float, int] = (0.0, 1)  # (per second, burst) per address; 0: none
     heartbeat_limit: tuple[float, int] = (0.0, 1)
+    #: work units of every epoch (cotrain.coordinator.workunits.plan_ranges), their deadline, the run's seed
+    unit_ranges: list = field(default_factory=list)
+    unit_deadline_s: float = 900.0
+    seed: int = 0
 
 
 @dataclass
@@ -87,13 +94,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def __init__(self, store: Store, run: RunInfo, summary: SwarmSummary, clock: Callable[[], float] = time.time):
         self.store, self.run, self.summary, self.clock = store, run, summary, clock
         self.nodes: dict[str, NodeRecord] = {n.node_id: n for n in store.load_nodes()}
-        self.assignments: dict[str, Assignment] = {}
-        self.sent: dict[str, Assignment] = {}  # the assignment each node was last told
-        self.rates: dict[str, tuple[float, int, float]] = {}
+        self.rates: dict[str, tuple[float, int, float]] = {}  # node -> (time, bytes_sent, bytes/s) at last heartbeat
         self.join_limiter = RateLimiter(*run.join_limit)
-        self.heartbeat_limiter = RateLimiter(*run.heartbeat_limit)  # node -> (time, bytes_sent, bytes/s) of its last heartbeat
-        self.assignment_reason = ""
-        self._reassign()
+        self.heartbeat_limiter = RateLimiter(*run.heartbeat_limit)
+        self.units: dict[tuple[int, int], Unit] = {(r[0], r[1]): Unit(*r) for r in store.load_units()}
+        self.rules = SchedulingRules(run.unit_deadline_s)
+        self.units_reissued = 0
+        self.scheduling_reason = f"{len(run.unit_ranges)} work units per epoch"
 
     # ---- helpers -------------------------------------------------------------------------------------------------
     def _views(self) -> list[NodeView]:
@@ -102,21 +109,24 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                          int(n.metrics.get("partial_rounds", 0)), int(n.metrics.get("rounds_completed", 0)))
                 for n in self.nodes.values()]
 
-    def _reassign(self) -> None:
-        active = active_nodes(self.clock(), self._views(), self.run.heartbeat_interval, self.run.lost_after_missed)
-        train = self.run.corpus.train if self.run.corpus is not None else Split(0, 0)
-        new, reason = assign_shards([n.node_id for n in active], train.start, train.end)
-        if new != self.assignments:
-            logger.info("data assignment: %s", reason)
-        self.assignments, self.assignment_reason = new, reason
+    def _store_units(self, changed: list[Unit]) -> None:
+        """Persist, then apply: nothing is answered before the units it changed are on disk."""
+        if changed:
+            self.store.save_units(changed)
+            self.units.update({u.key: u for u in changed})
 
-    def _assignment_pb(self, node_id: str) -> pb.DataAssignment:
-        a = self.assignments.get(node_id)
-        self.sent[node_id] = a
-        if a is None:
-            return pb.DataAssignment()
-        return pb.DataAssignment(shard_index=a.shard_index, num_shards=a.num_shards, start=a.start, end=a.end,
-                                 seed=int(node_id[:8], 16))
+    def _reclaim(self) -> None:
+        """Units of nodes that are gone or past their deadline go back to the pool."""
+        now = self.clock()
+        active = {n.node_id for n in active_nodes(now, self._views(), self.run.heartbeat_interval,
+                                                  self.run.lost_after_missed)}
+        reclaimed = reclaim_units(now, self.units, active)
+        if reclaimed:
+            self._store_units([u for u, _ in reclaimed])
+            self.units_reissued += len(reclaimed)
+            for _, why in reclaimed:
+                logger.info("%s", why)
+            self.scheduling_reason = reclaimed[-1][1]
 
     async def _session(self, node_id: str, session: str, context) -> NodeRecord:
         node = self.nodes.get(node_id)
@@ -168,15 +178,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             logger.info("node %s (%s) joined with token %r", name, node.node_id[:8], record.name)
         self.nodes[node.node_id] = node
         self.store.save_node(node)
-        self._reassign()
         corpus = self.run.corpus
         spec = pb.RunSpec(run_id=self.run.run_id, config_toml=self.run.config_toml)
         if corpus is not None:
             spec.corpus_sha256, spec.train_bytes, spec.val_bytes = corpus.sha256, corpus.train.size, corpus.val.size
         return pb.JoinResponse(
             node_id=node.node_id, session=session, run=spec,
-            initial_peers=self.run.initial_peers(), assignment=self._assignment_pb(node.node_id),
-            heartbeat_interval_s=self.run.heartbeat_interval)
+            initial_peers=self.run.initial_peers(), heartbeat_interval_s=self.run.heartbeat_interval)
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
         await self._rate_limit(self.heartbeat_limiter, "Heartbeat", context)
@@ -185,7 +193,6 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             metrics = _metrics_dict(request.metrics)
         except InvalidField as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        was_active = not node.left and self.clock() - node.last_seen <= self.run.heartbeat_interval * self.run.lost_after_missed
         now = self.clock()
         previous = self.rates.get(node.node_id)
         rate = 0.0
@@ -196,12 +203,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.store.record_heartbeat(node)
         if node.left:
             return pb.HeartbeatResponse(command=pb.DRAIN, reason="this node left the swarm; join again")
-        if not was_active:
-            self._reassign()  # a lost node came back
-        changed = self.sent.get(node.node_id) != self.assignments.get(node.node_id)
-        assignment = self._assignment_pb(node.node_id)
-        return pb.HeartbeatResponse(command=pb.REASSIGN if changed else pb.CONTINUE, assignment=assignment,
-                                    reason=self.assignment_reason)
+        return pb.HeartbeatResponse(command=pb.CONTINUE, reason="ok")
 
     async def Leave(self, request: pb.LeaveRequest, context) -> pb.LeaveResponse:
         node = await self._session(request.node_id, request.session, context)
@@ -213,8 +215,40 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         node.left, node.last_seen = True, self.clock()
         self.store.save_node(node)
         logger.info("node %s (%s) left: %s", node.name, node.node_id[:8], request.reason[:200] or "no reason given")
-        self._reassign()
+        self._reclaim()  # its units go back to the pool at once
         return pb.LeaveResponse()
+
+    async def GetWork(self, request: pb.GetWorkRequest, context) -> pb.GetWorkResponse:
+        node = await self._session(request.node_id, request.session, context)
+        if node.left:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this node left the swarm; join again")
+        node.last_seen = self.clock()  # asking for work is a sign of life
+        self._reclaim()
+        changed, unit, reason = issue_unit(self.clock(), self.units, self.run.unit_ranges, node.node_id, self.rules)
+        self._store_units(changed)
+        if unit is None:
+            self.scheduling_reason = reason
+            return pb.GetWorkResponse(reason=reason, retry_after_s=min(RETRY_WORK_S, self.run.heartbeat_interval))
+        logger.info("node %s: %s", node.name, reason)
+        return pb.GetWorkResponse(unit=pb.WorkUnit(epoch=unit.epoch, index=unit.index, start=unit.start, end=unit.end,
+                                                   seed=unit.seed(self.run.seed), deadline_unix=unit.deadline),
+                                  reason=reason)
+
+    async def ReportWork(self, request: pb.ReportWorkRequest, context) -> pb.ReportWorkResponse:
+        node = await self._session(request.node_id, request.session, context)
+        if request.index >= max(1, len(self.run.unit_ranges)):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"index: {request.index} is not a work unit of this run (0..{len(self.run.unit_ranges) - 1})")
+        done, accepted, reason = complete_unit(self.clock(), self.units, node.node_id, (request.epoch, request.index))
+        if done is not None:
+            self._store_units([done])
+            old = finished_epochs(self.units)
+            if old:
+                self.store.forget_epochs(old)
+                for key in [k for k in self.units if k[0] in old]:
+                    del self.units[key]
+        logger.info("node %s: %s", node.name, reason)
+        return pb.ReportWorkResponse(accepted=accepted, reason=reason)
 
     async def ReadData(self, request: pb.ReadDataRequest, context) -> pb.DataChunk:
         await self._session(request.node_id, request.session, context)
@@ -253,13 +287,20 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     def health(self) -> pb.SwarmHealth:
         now = self.clock()
-        self._reassign()  # lost nodes give their data back
+        self._reclaim()  # lost nodes give their units back
         views = self._views()
         rows, states = [], []
         totals = pb.SwarmTotals(val_loss=self.summary.val_loss, val_bpc=self.summary.val_bpc,
                                 val_round=self.summary.val_round, latest_checkpoint=self.summary.latest_checkpoint,
                                 latest_checkpoint_round=self.summary.latest_checkpoint_round,
-                                val_metrics={k: float(v) for k, v in self.summary.val_metrics.items()})
+                                val_metrics={k: float(v) for k, v in self.summary.val_metrics.items()},
+                                units_reissued=self.units_reissued, scheduling_reason=self.scheduling_reason)
+        epoch = current_epoch(self.units)
+        counts = unit_counts(self.units, epoch)
+        if counts["total"] == 0:  # not opened yet: every unit is pending
+            counts.update(total=len(self.run.unit_ranges), pending=len(self.run.unit_ranges))
+        totals.epoch, totals.units_total, totals.units_pending = epoch, counts["total"], counts["pending"]
+        totals.units_in_progress, totals.units_done = counts["in_progress"], counts["done"]
         for view, node in zip(views, self.nodes.values()):
             state, reason = node_state(now, view, views, self.run.heartbeat_interval, self.run.lost_after_missed)
             states.append((view, state, reason))
@@ -268,7 +309,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             rows.append(pb.NodeHealth(node_id=node.node_id, node_name=node.name, state=state, metrics=m,
                                       last_seen_unix=node.last_seen, joined_unix=node.joined, reason=reason,
                                       bytes_per_s=self.rates.get(node.node_id, (0, 0, 0.0))[2]
-                                      if state in ("healthy", "straggler") else 0.0))
+                                      if state in ("healthy", "straggler") else 0.0,
+                                      units=[u.name for u in held_by(self.units, node.node_id)]))
             if state in ("healthy", "straggler"):
                 totals.nodes_online += 1
                 totals.samples_per_s += m.samples_per_s

@@ -1,7 +1,9 @@
 """The coordinator's durable state: one SQLite file in the state dir.
 
-Everything the coordinator acknowledges is committed before the answer leaves: tokens, members, assignments,
-checkpoints and evaluations. Heartbeat metrics are written on every heartbeat too (WAL mode keeps that cheap), and a
+Everything the coordinator acknowledges is committed before the answer leaves: tokens, members, work units,
+checkpoints and evaluations. Heartbeat metrics are the exception: they are written behind, in one transaction every
+``flush_every_s`` (a commit per heartbeat would cap a coordinator at a few thousand heartbeats per second), so a
+crash loses at most that much of the latest metrics, which every node sends again with its next heartbeat. A
 history row is kept at most every ``history_every_s`` per node for the curves. A restarted coordinator reads it all
 back and carries on.
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import secrets
 import sqlite3
 import threading
@@ -37,6 +40,10 @@ CREATE INDEX IF NOT EXISTS history_time ON history (time);
 CREATE TABLE IF NOT EXISTS checkpoints (
     round INTEGER NOT NULL, path TEXT NOT NULL, sha256 TEXT NOT NULL, created REAL NOT NULL,
     samples_total INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS units (
+    epoch INTEGER NOT NULL, idx INTEGER NOT NULL, start INTEGER NOT NULL, end INTEGER NOT NULL, state TEXT NOT NULL,
+    holder TEXT NOT NULL, deadline REAL NOT NULL, attempts INTEGER NOT NULL, PRIMARY KEY (epoch, idx)
 );
 CREATE TABLE IF NOT EXISTS evals (
     time REAL NOT NULL, round INTEGER NOT NULL, val_loss REAL NOT NULL, val_bpc REAL NOT NULL, metrics TEXT NOT NULL
@@ -83,13 +90,20 @@ class TokenRecord:
 
 
 class Store:
-    def __init__(self, state_dir: Path, history_every_s: float = 5.0):
+    def __init__(self, state_dir: Path, history_every_s: float = 5.0, flush_every_s: float = 0.25):
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.state_dir / "coordinator.sqlite"
-        self.history_every_s = history_every_s
+        self.history_every_s, self.flush_every_s = history_every_s, flush_every_s
         self._local = threading.local()
         self._last_history: dict[str, float] = {}
+        # heartbeats written behind: node id -> (last_seen, metrics), and history rows, until the next flush
+        self._pending_lock = threading.Lock()
+        self._write_lock = threading.RLock()  # a flush and a full write of a member never interleave
+        self._pending: dict[str, tuple[float, dict]] = {}
+        self._pending_history: list[tuple[float, str, dict]] = []
+        self._flusher: Optional[threading.Thread] = None
+        self._closing = threading.Event()
         with self._conn() as conn:
             conn.executescript(SCHEMA)
 
@@ -105,6 +119,12 @@ class Store:
         return conn
 
     def close(self) -> None:
+        """Write what is pending and close this thread's connection."""
+        self._closing.set()
+        if self._flusher is not None:
+            self._flusher.join(timeout=30)
+            self._flusher = None
+        self.flush()
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
@@ -145,7 +165,10 @@ class Store:
 
     # ---- nodes ---------------------------------------------------------------------------------------------------
     def save_node(self, node: NodeRecord) -> None:
-        with self._conn() as conn:
+        """Write a member in full, now (it supersedes any heartbeat of it still pending)."""
+        with self._write_lock, self._conn() as conn:
+            with self._pending_lock:
+                self._pending.pop(node.node_id, None)
             conn.execute(
                 "INSERT OR REPLACE INTO nodes (node_id, name, token_name, session_hash, joined, last_seen, left, "
                 "capabilities, metrics) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -153,15 +176,52 @@ class Store:
                  int(node.left), json.dumps(node.capabilities), json.dumps(node.metrics)))
 
     def record_heartbeat(self, node: NodeRecord) -> None:
-        with self._conn() as conn:
-            conn.execute("UPDATE nodes SET last_seen = ?, metrics = ? WHERE node_id = ?",
-                         (node.last_seen, json.dumps(node.metrics), node.node_id))
+        """Remember a heartbeat's metrics; written with the next flush (at most ``flush_every_s`` later)."""
+        with self._pending_lock:
+            self._pending[node.node_id] = (node.last_seen, node.metrics)
             if node.last_seen - self._last_history.get(node.node_id, 0.0) >= self.history_every_s:
                 self._last_history[node.node_id] = node.last_seen
-                conn.execute("INSERT INTO history (time, node_id, metrics) VALUES (?, ?, ?)",
-                             (node.last_seen, node.node_id, json.dumps(node.metrics)))
+                self._pending_history.append((node.last_seen, node.node_id, node.metrics))
+            if self._flusher is None and not self._closing.is_set():
+                self._flusher = threading.Thread(target=self._flush_loop, name="store-flush", daemon=True)
+                self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        while not self._closing.wait(self.flush_every_s):
+            try:
+                self.flush()
+            except sqlite3.Error as e:  # e.g. the disk is full: keep the rows and try again
+                logging.getLogger(__name__).warning("writing heartbeats failed, will retry: %s", e)
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+
+    def flush(self) -> None:
+        """Write the pending heartbeats in one transaction."""
+        with self._write_lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        with self._pending_lock:
+            pending, history = self._pending, self._pending_history
+            self._pending, self._pending_history = {}, []
+        if not pending and not history:
+            return
+        try:
+            with self._conn() as conn:
+                conn.executemany("UPDATE nodes SET last_seen = ?, metrics = ? WHERE node_id = ?",
+                                 [(seen, json.dumps(m), node_id) for node_id, (seen, m) in pending.items()])
+                conn.executemany("INSERT INTO history (time, node_id, metrics) VALUES (?, ?, ?)",
+                                 [(t, node_id, json.dumps(m)) for t, node_id, m in history])
+        except sqlite3.Error:
+            with self._pending_lock:  # put them back, newer heartbeats first
+                for node_id, item in pending.items():
+                    self._pending.setdefault(node_id, item)
+                self._pending_history[:0] = history
+            raise
 
     def load_nodes(self) -> list[NodeRecord]:
+        self.flush()
         rows = self._conn().execute(
             "SELECT node_id, name, token_name, session_hash, joined, last_seen, left, capabilities, metrics "
             "FROM nodes ORDER BY joined").fetchall()
@@ -169,9 +229,29 @@ class Store:
                 for r in rows]
 
     def history(self, since: float = 0.0) -> list[tuple[float, str, dict]]:
+        self.flush()
         rows = self._conn().execute("SELECT time, node_id, metrics FROM history WHERE time >= ? ORDER BY time",
                                     (since,)).fetchall()
         return [(t, n, json.loads(m)) for t, n, m in rows]
+
+    # ---- work units -----------------------------------------------------------------------------------------------
+    def save_units(self, units) -> None:
+        """Write work units (:class:`cotrain.coordinator.workunits.Unit`) in one transaction."""
+        with self._conn() as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO units (epoch, idx, start, end, state, holder, deadline, attempts) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(u.epoch, u.index, u.start, u.end, u.state, u.holder, u.deadline, u.attempts) for u in units])
+
+    def load_units(self) -> list[tuple]:
+        """(epoch, index, start, end, state, holder, deadline, attempts) of every stored unit."""
+        return self._conn().execute(
+            "SELECT epoch, idx, start, end, state, holder, deadline, attempts FROM units ORDER BY epoch, idx").fetchall()
+
+    def forget_epochs(self, epochs: list[int]) -> None:
+        """Drop the units of finished epochs (the count of finished epochs stays in meta ``epochs_done``)."""
+        with self._conn() as conn:
+            conn.executemany("DELETE FROM units WHERE epoch = ?", [(e,) for e in epochs])
 
     # ---- checkpoints and evaluations -----------------------------------------------------------------------------
     def add_checkpoint(self, round_number: int, path: str, sha256: str, samples_total: int) -> None:

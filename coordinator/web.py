@@ -85,9 +85,16 @@ class SwarmCollector:
                                  ("global_round", t.global_round, "the highest averaging round reached"),
                                  ("val_loss", t.val_loss, "validation loss of the latest evaluated checkpoint"),
                                  ("val_bpc", t.val_bpc, "validation bits per character (language models)"),
-                                 ("latest_checkpoint_round", t.latest_checkpoint_round, "round of the latest checkpoint")):
+                                 ("latest_checkpoint_round", t.latest_checkpoint_round, "round of the latest checkpoint"),
+                                 ("epoch", t.epoch, "the current epoch of work units"),
+                                 ("units_total", t.units_total, "work units per epoch"),
+                                 ("units_pending", t.units_pending, "work units of the epoch not handed out"),
+                                 ("units_in_progress", t.units_in_progress, "work units held by nodes"),
+                                 ("units_done", t.units_done, "work units of the epoch done")):
             yield GaugeMetricFamily(f"cotrain_{name}", doc, value=float(value))
         yield CounterMetricFamily("cotrain_samples", "samples the swarm trained on", value=float(t.samples_total))
+        yield CounterMetricFamily("cotrain_units_reissued", "work units reissued (holder lost or past its deadline)",
+                                  value=float(t.units_reissued))
         per_node = {
             "node_loss": (GaugeMetricFamily, "training loss (moving average)", lambda m: m.loss),
             "node_samples_per_second": (GaugeMetricFamily, "samples per second", lambda m: m.samples_per_s),
@@ -98,6 +105,7 @@ class SwarmCollector:
             "node_partial_rounds": (CounterMetricFamily, "rounds with a missing contribution",
                                     lambda m: m.partial_rounds),
             "node_samples": (CounterMetricFamily, "samples the node trained on", lambda m: m.samples_local),
+            "node_units_done": (CounterMetricFamily, "work units the node finished", lambda m: m.units_done),
         }
         for name, (family_cls, doc, get) in per_node.items():
             family = family_cls(f"cotrain_{name}", doc, labels=["node", "state"])

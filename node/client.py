@@ -95,6 +95,18 @@ class CoordinatorClient:
         self.stub.Leave(pb.LeaveRequest(node_id=self.node_id, session=self.session, reason=reason, metrics=metrics),
                         timeout=self.rpc_timeout)
 
+    def get_work(self, give_up_after: float = 10.0, stop: Optional[threading.Event] = None) -> pb.GetWorkResponse:
+        request = pb.GetWorkRequest(node_id=self.node_id, session=self.session)
+        return self._retry(lambda: self.stub.GetWork(request, timeout=self.rpc_timeout), "get work", give_up_after,
+                           stop)
+
+    def report_work(self, epoch: int, index: int, samples: int, give_up_after: float = 10.0,
+                    stop: Optional[threading.Event] = None) -> pb.ReportWorkResponse:
+        request = pb.ReportWorkRequest(node_id=self.node_id, session=self.session, epoch=epoch, index=index,
+                                       samples=samples)
+        return self._retry(lambda: self.stub.ReportWork(request, timeout=self.rpc_timeout), "report work",
+                           give_up_after, stop)
+
     def read(self, split: str, offset: int, length: int, stop: Optional[threading.Event] = None) -> bytes:
         """Bytes of the corpus; waits (with backoff, up to 10 minutes) while the coordinator is away."""
         out = bytearray()

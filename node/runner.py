@@ -31,6 +31,7 @@ from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
 from cotrain.node.client import CoordinatorClient
+from cotrain.node.work import WorkQueue
 from cotrain.node.limits import IdleMonitor, OtherProcessesLoad, pin_cpus, resident_bytes
 
 logger = logging.getLogger(__name__)
@@ -89,13 +90,12 @@ class Metrics:
         self.started = time.monotonic()
         self._window: list[tuple[float, int]] = []
 
-    def update(self, loss: float, samples: int, epoch: int, compute_s: float) -> None:
+    def update(self, loss: float, samples: int, compute_s: float) -> None:
         now = time.monotonic()
         with self.lock:
             self.step += 1
             self.compute_s += compute_s
             self.samples_total += samples
-            self.epoch = epoch
             if math.isfinite(loss):
                 self.loss = loss if not math.isfinite(self.loss) else 0.9 * self.loss + 0.1 * loss
             self._window.append((now, self.samples_total))
@@ -112,7 +112,7 @@ class Node:
         self.stop_reason = ""
         self.client = CoordinatorClient(options.coordinator, options.insecure, options.ca)
         self.metrics = Metrics()
-        self.pending_assignment: Optional[pb.DataAssignment] = None
+        self.work = WorkQueue(self.client, self.stop)
         self.paused = False
         self.averaging: Optional[RoundAverager] = None
 
@@ -196,7 +196,7 @@ class Node:
                 logger.info("%d of %d peers present; starting", found, opts.wait_peers)
             self._warm_start(response.run.run_id)
             heartbeat.start()
-            self._train(task, model, optimizer, cfg, device, response.assignment)
+            self._train(task, model, optimizer, cfg, device)
         finally:
             self.stop.set()
             if heartbeat.is_alive():
@@ -243,14 +243,30 @@ class Node:
         else:
             logger.info("no peer and no checkpoint has state yet: starting from the run's initial weights")
 
-    def _train(self, task, model, optimizer, cfg: RunConfig, device, assignment: pb.DataAssignment) -> None:
+    def _train(self, task, model, optimizer, cfg: RunConfig, device) -> None:
         opt_cfg = cfg.optimizer
         averaging = self.averaging
 
-        def read(offset: int, length: int) -> bytes:
-            return self.client.read("train", offset, length, stop=self.stop)
+        cache: dict = {}
 
-        batches = task.train_data(read, assignment.start, assignment.end, assignment.seed)
+        def unit_data(unit: pb.WorkUnit):
+            """The unit's training data: its bytes, fetched once and kept while it is the node's unit (a unit is
+            small: coordinator.unit_bytes), so that training it again while the coordinator is away needs nothing
+            from the coordinator. World models collect their own data: no read."""
+            if task.needs_corpus and cache.get("key") != (unit.start, unit.end):
+                cache.update(key=(unit.start, unit.end),
+                             data=self.client.read("train", unit.start, unit.end - unit.start, stop=self.stop))
+
+            def read(offset: int, length: int) -> bytes:
+                return cache["data"][offset - unit.start: offset - unit.start + length]
+
+            return task.train_data(read, unit.start, unit.end, unit.seed)
+
+        unit = self.work.next_unit()
+        if unit is None:
+            return  # stopped while waiting, or the coordinator went away before handing out any unit
+        batches, unit_samples = unit_data(unit), 0
+        self.metrics.epoch = unit.epoch
         state = None
         started, last_log, last_status = time.monotonic(), time.monotonic(), 0.0
         self.metrics.started = started
@@ -258,12 +274,17 @@ class Node:
         idle = IdleMonitor(OtherProcessesLoad()) if self.options.only_when_idle else None
         last_idle_check = 0.0
         while not self.stop.is_set():
-            if self.pending_assignment is not None:
-                a, self.pending_assignment = self.pending_assignment, None
-                batches = task.train_data(read, a.start, a.end, a.seed)
-                state = None
-                logger.info("new data assignment: shard %d of %d, bytes [%d, %d)", a.shard_index, a.num_shards,
-                            a.start, a.end)
+            if batches.done:  # the unit is trained once: report it, take the next
+                self.work.report(unit, unit_samples)
+                following = self.work.next_unit()
+                if following is None and self.stop.is_set():
+                    break
+                if following is None:
+                    logger.warning("no new work unit from the coordinator; training unit %d/%d again meanwhile",
+                                   unit.epoch, unit.index)
+                unit = following or unit
+                batches, unit_samples, state = unit_data(unit), 0, None
+                self.metrics.epoch = unit.epoch
             if idle is not None and time.monotonic() - last_idle_check >= 5.0:
                 last_idle_check = time.monotonic()
                 self._pause_while_busy(idle, status)
@@ -290,7 +311,8 @@ class Node:
             state = model.detach_state(state)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            self.metrics.update(value, samples, batches.epoch, time.monotonic() - compute_started)
+            unit_samples += samples
+            self.metrics.update(value, samples, time.monotonic() - compute_started)
             averaging.after_local_step(samples)
             now = time.monotonic()
             if now - last_status >= 1.0:
@@ -351,7 +373,7 @@ class Node:
                                   wall_s=time.monotonic() - m.started,
                                   state_bytes_sent=a.exchange.state_bytes_sent,
                                   state_bytes_received=a.exchange.state_bytes_received, peer_id=a.peer_id,
-                                  flagged_peers=sorted(a.stats.flagged)[:32])
+                                  flagged_peers=sorted(a.stats.flagged)[:32], units_done=self.work.units_done)
 
     def _heartbeat_loop(self, interval: float) -> None:
         unreachable_since = None
@@ -372,8 +394,6 @@ class Node:
                 unreachable_since = None
             if response.command == pb.DRAIN:
                 self.request_stop(f"coordinator asked to drain: {response.reason}")
-            elif response.command == pb.REASSIGN and response.assignment.num_shards > 0:
-                self.pending_assignment = response.assignment
 
 
 class TerminalStatus:

@@ -42,7 +42,7 @@ def tiny_config(corpus: Path, **overrides) -> RunConfig:
         averaging={"inner_steps": 10, "matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 0.5,
                    "allreduce_timeout": 20.0, "round_wait": 20.0},
         coordinator={"heartbeat_interval_s": 0.5, "lost_after_missed": 20, "checkpoint_interval_s": 2.0,
-                     "eval_bytes": 8192},
+                     "eval_bytes": 8192, "unit_bytes": 16384},
         device="cpu",
     )
     for section, values in overrides.items():

@@ -55,11 +55,10 @@ def test_join_heartbeat_read_leave(stub, coordinator):
     assert len(r.node_id) == 32 and r.session
     assert r.run.run_id.startswith("test-") and "[model]" in r.run.config_toml
     assert r.initial_peers and all(p.startswith("/ip4/127.0.0.1/tcp/") for p in r.initial_peers)
-    assert r.assignment.num_shards == 1 and r.assignment.end - r.assignment.start == r.run.train_bytes
 
     hb = stub.Heartbeat(pb.HeartbeatRequest(node_id=r.node_id, session=r.session,
                                             metrics=pb.NodeMetrics(step=5, loss=2.5, samples_per_s=10.0)), timeout=10)
-    assert hb.command in (pb.CONTINUE, pb.REASSIGN)
+    assert hb.command == pb.CONTINUE
     bad = code_of(lambda: stub.Heartbeat(pb.HeartbeatRequest(node_id=r.node_id, session="forged"), timeout=10))
     assert bad[0] == grpc.StatusCode.UNAUTHENTICATED
 
@@ -82,15 +81,44 @@ def test_join_heartbeat_read_leave(stub, coordinator):
     assert health.totals.nodes_online == 0
 
 
-def test_second_node_splits_the_data_and_rejoin_keeps_identity(stub, coordinator):
+def work(stub, node):
+    return stub.GetWork(pb.GetWorkRequest(node_id=node.node_id, session=node.session), timeout=10)
+
+
+def report(stub, node, unit, samples=8):
+    return stub.ReportWork(pb.ReportWorkRequest(node_id=node.node_id, session=node.session, epoch=unit.epoch,
+                                                index=unit.index, samples=samples), timeout=10)
+
+
+def test_work_units_are_handed_out_once_and_rejoin_keeps_identity_and_units(stub, coordinator):
     a = join(stub, coordinator.token, "a")
     b = join(stub, coordinator.token, "b")
-    assert b.assignment.num_shards == 2
-    hb = stub.Heartbeat(pb.HeartbeatRequest(node_id=a.node_id, session=a.session), timeout=10)
-    assert hb.command == pb.REASSIGN and hb.assignment.num_shards == 2
-    assert hb.assignment.end <= b.assignment.start or b.assignment.end <= hb.assignment.start
+    ua, ub = work(stub, a).unit, work(stub, b).unit
+    assert (ua.epoch, ua.index) == (0, 0) and (ub.epoch, ub.index) == (0, 1)
+    assert ua.end <= ub.start and ua.start < ua.end and ua.deadline_unix > 0
+    assert work(stub, a).unit == ua  # asking again: the same unit
     again = join(stub, coordinator.token, "a", node_id=a.node_id)
     assert again.node_id == a.node_id and again.session != a.session
+    assert work(stub, again).unit == ua  # a node that comes back keeps its unit
+
+    done = report(stub, again, ua)
+    assert done.accepted and "done" in done.reason
+    twice = report(stub, again, ua)
+    assert not twice.accepted and "already done" in twice.reason
+    code, details = code_of(lambda: stub.ReportWork(pb.ReportWorkRequest(
+        node_id=b.node_id, session=b.session, epoch=0, index=10**6), timeout=10))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "index" in details
+
+    health = stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=10)
+    t = health.totals
+    assert t.epoch == 0 and t.units_done == 1 and t.units_in_progress == 1
+    assert t.units_pending == t.units_total - 2 > 0
+    assert {n.node_name: list(n.units) for n in health.nodes}["b"] == ["0/1"]
+
+    stub.Leave(pb.LeaveRequest(node_id=b.node_id, session=b.session, reason="test"), timeout=10)
+    t = stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=10).totals
+    assert t.units_in_progress == 0 and t.units_reissued == 1 and "0/1" in t.scheduling_reason
+    assert (work(stub, again).unit.epoch, work(stub, again).unit.index) == (0, 1)  # b's unit, reissued
 
 
 def test_revoked_token_cannot_join(stub, coordinator):
@@ -136,7 +164,7 @@ def test_restarted_coordinator_resumes_its_members(coordinator):
     try:
         hb = stub.Heartbeat(pb.HeartbeatRequest(node_id=r.node_id, session=r.session,
                                                 metrics=pb.NodeMetrics(step=9)), timeout=10)  # the old session works
-        assert hb.command in (pb.CONTINUE, pb.REASSIGN)
+        assert hb.command == pb.CONTINUE
         health = stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=10)
         assert health.run_id == run_id
         assert [(n.node_name, n.metrics.step) for n in health.nodes] == [("survivor", 9)]

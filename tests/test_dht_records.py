@@ -14,7 +14,7 @@ RUN = "records-test"
 def _read_until(board, predicate, timeout=20.0):
     deadline = time.monotonic() + timeout
     while True:
-        peers = board.read()
+        peers = board.read() or []
         if predicate(peers) or time.monotonic() > deadline:
             return peers
         time.sleep(0.2)

@@ -6,6 +6,7 @@ import socket
 
 import pytest
 
+from cotrain.coordinator.store import Store
 from cotrain.launch import start_coordinator, start_node, wait_for
 from cotrain.node.client import CoordinatorClient
 
@@ -49,6 +50,42 @@ def test_killed_node_does_not_stop_the_round_and_rejoins(tmp_path, corpus_file):
         assert len([n for n in client.health().nodes if n.node_name == "n2"]) == 1  # same identity
         wait_for(lambda: {n.node_name: n.state for n in client.health().nodes}["n2"] == "healthy", 30,
                  what="the killed node to be healthy again")
+    finally:
+        client.close()
+        for n in nodes:
+            n.stop(30)
+        running.stop()
+
+
+def test_a_killed_nodes_work_unit_is_reissued_and_finished_by_another(tmp_path, corpus_file):
+    cfg = tiny_config(corpus_file, coordinator={"unit_bytes": 4096, "lost_after_missed": 4},
+                      averaging={"inner_steps": 20, "allreduce_timeout": 5.0})
+    running = RunningCoordinator(tmp_path, cfg)
+    nodes = [start_node(running.address, running.token, f"n{i}", tmp_path / f"n{i}",
+                        extra=["--threads", "1", "--wait-peers", "2"]) for i in range(2)]
+    client = CoordinatorClient(running.address, insecure=True)
+    store = Store(running.state_dir)
+
+    def row(name):
+        return {n.node_name: n for n in client.health().nodes}.get(name)
+
+    try:
+        wait_for(lambda: client.health().totals.units_done >= 2 and row("n1") and row("n1").units, 120,
+                 what="both nodes to finish units and n1 to hold one", procs=nodes + [running.proc])
+        victim, survivor = row("n1").node_id, row("n0").node_id
+        nodes[1].kill()  # kill -9: no Leave; the coordinator must notice it is lost
+        held = [(r[0], r[1]) for r in store.load_units() if r[4] == "in_progress" and r[5] == victim]
+        assert held, "n1 held no unit when it was killed"
+
+        def finished_by_survivor():
+            units = {(r[0], r[1]): r for r in store.load_units()}
+            return all(k in units and units[k][4] == "done" and units[k][5] == survivor for k in held)
+
+        wait_for(finished_by_survivor, 180, what=f"n0 to finish n1's units {held}", procs=[nodes[0], running.proc])
+        health = client.health()
+        assert health.totals.units_reissued >= len(held)
+        assert {n.node_name: n.state for n in health.nodes}["n1"] == "lost"
+        assert not row("n1").units
     finally:
         client.close()
         for n in nodes:

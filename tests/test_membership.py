@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from cotrain.coordinator.membership import (HEALTHY, LEFT, LOST, STRAGGLER, NodeView, active_nodes, assign_shards,
+from cotrain.coordinator.membership import (HEALTHY, LEFT, LOST, STRAGGLER, NodeView, active_nodes,
                                             node_state, swarm_alerts)
 
 
@@ -29,15 +29,6 @@ def test_straggler_reason_says_how_much_slower():
     peers = [view("a", sps=2.0), view("b", sps=10.0), view("c", sps=12.0)]
     _, reason = node_state(100.0, peers[0], peers, 2.0, 5)
     assert "5.0x slower than the median" in reason
-
-
-def test_shards_cover_the_range_without_overlap():
-    shards, reason = assign_shards(["a", "b", "c"], 0, 1000)
-    spans = sorted((s.start, s.end) for s in shards.values())
-    assert spans[0][0] == 0 and spans[-1][1] == 1000
-    assert all(spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1))
-    assert {s.num_shards for s in shards.values()} == {3}
-    assert "3 active" in reason
 
 
 def test_active_nodes_excludes_lost_and_left_in_join_order():

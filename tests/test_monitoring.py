@@ -52,6 +52,9 @@ def test_status_json_of_a_live_swarm(live_swarm):
     assert status["totals"]["nodes_online"] == 2
     assert all(n["state"] == "healthy" and n["metrics"]["bytes_sent"] > 0 for n in status["nodes"])
     assert status["totals"]["val_loss"] is not None and status["totals"]["latest_checkpoint_round"] >= 1
+    t = status["totals"]
+    assert t["units_total"] > 0 and t["units_in_progress"] + t["units_done"] >= 2  # both nodes took work units
+    assert t["units_pending"] + t["units_in_progress"] + t["units_done"] == t["units_total"]
     history = json.loads(get(running.info["http"] + "/api/history"))
     assert {c["name"] for c in history["leaderboard"]} == {"alice", "bob"}
     assert history["evals"] and history["buckets"]
@@ -67,6 +70,7 @@ def test_prometheus_metrics_parse(live_swarm):
             if s.name.endswith("_total")}
     assert all(v > 0 for v in sent.values())
     assert families["cotrain_val_loss"].samples[0].value > 0
+    assert families["cotrain_units_total"].samples[0].value > 0
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (the Makefile's test target installs it)")

@@ -39,6 +39,7 @@ def _setup_logging(level: str, fmt: str = "auto") -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from cotrain.coordinator import cli as coordinator_cli
+    from cotrain.coordinator import simulate
     from cotrain.node import cli as node_cli
 
     parser = argparse.ArgumentParser(prog="cotrain", description="Train one neural network together over the internet.")
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     node_cli.add_parser(sub)
     coordinator_cli.add_parser(sub)
+    simulate.add_parser(sub)
 
     swarm = sub.add_parser("swarm", help="watch a swarm").add_subparsers(dest="swarm_command", metavar="COMMAND",
                                                                          required=True)
@@ -142,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.log_level, args.log_format)
     from cotrain.checkpoint import CheckpointError
     from cotrain.config import ConfigError
+    from cotrain.coordinator.fleet import FleetError
     from cotrain.coordinator.store import StateDirError
     from cotrain.data import CorpusError
     from cotrain.node.client import CoordinatorUnavailable, JoinRefused
@@ -164,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     except StateDirError as e:
         print(f"cotrain: {e}", file=sys.stderr)
         return ExitCode.STATE
+    except FleetError as e:
+        print(f"cotrain: {e}", file=sys.stderr)
+        return ExitCode.FLEET
     except JoinRefused as e:
         print(f"cotrain: the coordinator refused to admit this node: {e.details}", file=sys.stderr)
         return ExitCode.PROTOCOL if e.code == grpc.StatusCode.FAILED_PRECONDITION else ExitCode.UNAUTHENTICATED

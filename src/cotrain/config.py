@@ -166,6 +166,12 @@ class CoordinatorConfig(_Section):
     checkpoint_interval_s: float = Field(20.0, gt=0.0)
     #: validation bytes evaluated per checkpoint (0 = the whole validation split)
     eval_bytes: int = Field(131072, ge=0)
+    #: evaluate a checkpoint when the swarm is at least this many rounds past the last evaluated one (K). With a
+    #: Ray fleet (--ray-address / --managed-nodes) evaluations run as Ray tasks, else on the coordinator.
+    eval_every_rounds: int = Field(1, ge=1)
+    #: world models: also train a controller in the model's dream and report its real return next to a random
+    #: policy's (CMA-ES: tens of seconds of CPU per evaluation)
+    eval_controller: bool = False
     keep_checkpoints: int = Field(3, ge=1)
     #: per client address: Join and Heartbeat calls per second, and bursts (0: no limit). One NAT address may
     #: hide many volunteers: size the heartbeat limit for them.
@@ -176,7 +182,7 @@ class CoordinatorConfig(_Section):
     #: work units: about this many bytes of the training split each (language models; a unit is never smaller
     #: than 4 of a node's batches). Smaller units spread the data finer and lose less to a dead node; larger ones
     #: carry the recurrent state further (it is reset between units).
-    unit_bytes: int = Field(262144, ge=1)
+    unit_bytes: int = Field(131072, ge=1)
     #: world models: units per epoch, each a quota of ``env.episodes`` rollouts from a seed of its own
     units_per_epoch: int = Field(64, ge=1, le=1_000_000)
     #: seconds a node may hold a unit before it is reissued; size it to several times a unit's training time on

@@ -144,3 +144,14 @@ def evaluate_policy(policy: LinearPolicy | None, env_id: str, episodes: int, see
     """Mean undiscounted return over ``episodes`` real episodes of at most ``horizon`` steps (None: random)."""
     rollouts = collect_rollouts(env_id, episodes, horizon, seed, policy)
     return float((rollouts.rewards * rollouts.mask).sum(1).mean())
+
+
+def controller_vs_random(model: nn.Module, env_id: str, horizon: int, iterations: int = 40, popsize: int = 16,
+                         episodes: int = 20, seed: int = 0) -> dict[str, float]:
+    """Is the world model useful? Train a linear controller entirely in its dream (CMA-ES) and try it in the real
+    environment next to a random policy: mean real returns over ``episodes`` episodes of up to 200 steps."""
+    start = collect_rollouts(env_id, 32, 2, seed=12345 + seed).obs[:, 0]
+    policy, _ = train_controller_in_dream(model, env_id, start, horizon=horizon, iterations=iterations,
+                                          popsize=popsize, seed=seed)
+    return {"controller_return": evaluate_policy(policy, env_id, episodes=episodes, seed=777 + seed, horizon=200),
+            "random_return": evaluate_policy(None, env_id, episodes=episodes, seed=777 + seed, horizon=200)}

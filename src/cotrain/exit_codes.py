@@ -19,5 +19,7 @@ class ExitCode(enum.IntEnum):
     UNAVAILABLE = 6
     #: the state dir belongs to another run, or a token name is taken
     STATE = 7
+    #: the operator's Ray cluster could not be reached or cannot place the managed nodes
+    FLEET = 8
     #: stopped by Ctrl-C before finishing
     INTERRUPTED = 130

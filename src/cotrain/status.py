@@ -57,7 +57,8 @@ def health_table(health: pb.SwarmHealth):
 
     now = health.now_unix or time.time()
     table = Table(title=f"swarm {health.run_id}", expand=False)
-    for column in ("node", "state", "step", "round", "loss", "samples/s", "bytes/s", "sent", "received", "last seen"):
+    for column in ("node", "state", "step", "round", "loss", "samples/s", "bytes/s", "sent", "received", "units",
+                   "last seen"):
         table.add_column(column, justify="left" if column in ("node", "state") else "right")
     for node in health.nodes:
         m = node.metrics
@@ -65,7 +66,7 @@ def health_table(health: pb.SwarmHealth):
         style = {"healthy": "green", "straggler": "yellow", "lost": "red", "left": "dim"}.get(node.state, "")
         table.add_row(node.node_name, Text(node.state, style=style), str(m.step), str(m.round), loss,
                       f"{m.samples_per_s:.1f}", _fmt_bytes(node.bytes_per_s) + "/s", _fmt_bytes(m.bytes_sent),
-                      _fmt_bytes(m.bytes_received),
+                      _fmt_bytes(m.bytes_received), f"{m.units_done} done" + "".join(f", {u}" for u in node.units),
                       f"{max(0.0, now - node.last_seen_unix):.0f}s ago")
     t = health.totals
     if math.isfinite(t.val_bpc):
@@ -80,6 +81,9 @@ def health_table(health: pb.SwarmHealth):
         f"nodes online {t.nodes_online}   samples/s {t.samples_per_s:.1f}   global round {t.global_round}   "
         f"samples {t.samples_total}   sent {_fmt_bytes(t.bytes_sent)}",
         f"validation {val}   checkpoint {t.latest_checkpoint or 'none yet'}",
+        f"work units of epoch {t.epoch}: {t.units_done}/{t.units_total} done, {t.units_in_progress} in progress, "
+        f"{t.units_pending} pending, {t.units_reissued} reissued" + (f" ({t.scheduling_reason})"
+                                                                      if t.scheduling_reason else ""),
     ]
     parts = [table, Text("\n".join(lines))]
     if health.alerts:

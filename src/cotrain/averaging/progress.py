@@ -143,11 +143,13 @@ class ProgressBoard:
         self.dht.store(self.key, subkey=self.subkey(progress.peer_id), value=record,
                        expiration_time=get_dht_time() + self.ttl, return_future=True)
 
-    def read(self, timeout: float = 5.0) -> list[PeerProgress]:
+    def read(self, timeout: float = 5.0) -> Optional[list[PeerProgress]]:
+        """Everyone's latest records; None when the DHT did not answer in time (not the same as nobody there: a
+        caller should keep what it knew, records carry their own time and go stale by themselves)."""
         try:
             found = self.dht.get(self.key, latest=True, return_future=True).result(timeout=timeout)
-        except Exception:  # a DHT that cannot answer now is the same as no news
-            return []
+        except Exception:
+            return None
         if found is None or not isinstance(found.value, dict):
             return []
         out = []

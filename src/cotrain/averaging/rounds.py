@@ -172,8 +172,10 @@ class RoundAverager(abc.ABC):
         while not self._stop.is_set():
             try:
                 self.board.publish(self.progress(self.phase))
-                self._peers = self.board.read()
-                self._board_read.set()
+                peers = self.board.read()
+                if peers is not None:  # a DHT that did not answer in time leaves what we knew (it goes stale)
+                    self._peers = peers
+                    self._board_read.set()
             except Exception as e:  # the DHT is shutting down or briefly unreachable
                 logger.debug("progress publication failed: %r", e)
             self._stop.wait(self.cfg.progress_interval)

@@ -15,12 +15,17 @@ from cotrain.models import build_model
 
 
 class LanguageTrainData:
+    """Batches over a byte range (a work unit): ``batch_size`` parallel streams, the hidden state carried from one
+    batch to the next. ``done`` once every stream was read through (the unit was trained on once); reading on wraps
+    around."""
+
     def __init__(self, read: ReadFn, start: int, end: int, batch_size: int, seq_len: int):
         self.batches = StreamBatches(read, start, end, batch_size, seq_len)
 
     @property
-    def epoch(self) -> int:
-        return self.batches.epoch
+    def done(self) -> bool:
+        b = self.batches
+        return b.epoch > 0 or b.position + b.seq_len + 1 > b.stream_len
 
     def next(self):
         """-> ((inputs, targets), reset_state)"""

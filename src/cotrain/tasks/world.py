@@ -17,19 +17,20 @@ EVAL_SEED_OFFSET = 1_000_003
 
 
 class RolloutTrainData:
-    """Rollouts collected by this node, ``env.episodes`` at a time, each set trained on ``env.passes`` times."""
+    """A work unit of a world model: ``env.episodes`` rollouts collected here from the unit's seed, trained on
+    ``env.passes`` times; then ``done`` (reading on goes over them again)."""
 
     def __init__(self, cfg: RunConfig, seed: int):
-        self.cfg, self.seed = cfg, seed
-        self.epoch = 0
+        env = cfg.env
+        self.cfg = cfg
         self.generator = torch.Generator().manual_seed(seed)
-        self._collect()
-
-    def _collect(self) -> None:
-        env = self.cfg.env
-        self.rollouts = collect_rollouts(env.id, env.episodes, env.horizon, seed=self.seed + 7919 * self.epoch)
+        self.rollouts = collect_rollouts(env.id, env.episodes, env.horizon, seed=seed)
         self.passes = 0
-        self._iter = self.rollouts.batches(self.cfg.data.batch_size, self.generator)
+        self._iter = self.rollouts.batches(cfg.data.batch_size, self.generator)
+
+    @property
+    def done(self) -> bool:
+        return self.passes >= self.cfg.env.passes
 
     def next(self):
         while True:
@@ -37,11 +38,7 @@ class RolloutTrainData:
                 return next(self._iter), False
             except StopIteration:
                 self.passes += 1
-                if self.passes >= self.cfg.env.passes:
-                    self.epoch += 1
-                    self._collect()
-                else:
-                    self._iter = self.rollouts.batches(self.cfg.data.batch_size, self.generator)
+                self._iter = self.rollouts.batches(self.cfg.data.batch_size, self.generator)
 
 
 class WorldModelTask:
@@ -55,7 +52,8 @@ class WorldModelTask:
         return build_model(self.cfg)
 
     def train_data(self, read, start: int, end: int, seed: int) -> RolloutTrainData:
-        return RolloutTrainData(self.cfg, seed=(self.cfg.run.seed * 1_000_033 + seed) % (2**31))
+        """``seed``: the work unit's (held-out rollouts use seeds from EVAL_SEED_OFFSET on)."""
+        return RolloutTrainData(self.cfg, seed=seed % (EVAL_SEED_OFFSET // 2))  # never a held-out seed
 
     def step(self, model, batch, state, device) -> tuple[torch.Tensor, object, int]:
         loss, _ = model.loss(batch.to(device))

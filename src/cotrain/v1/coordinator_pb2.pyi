@@ -12,11 +12,9 @@ class Command(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_UNSPECIFIED: _ClassVar[Command]
     CONTINUE: _ClassVar[Command]
     DRAIN: _ClassVar[Command]
-    REASSIGN: _ClassVar[Command]
 COMMAND_UNSPECIFIED: Command
 CONTINUE: Command
 DRAIN: Command
-REASSIGN: Command
 
 class Capabilities(_message.Message):
     __slots__ = ("cpus", "gpus", "memory_bytes", "bandwidth_bps")
@@ -58,38 +56,38 @@ class RunSpec(_message.Message):
     val_bytes: int
     def __init__(self, run_id: _Optional[str] = ..., config_toml: _Optional[str] = ..., corpus_sha256: _Optional[str] = ..., train_bytes: _Optional[int] = ..., val_bytes: _Optional[int] = ...) -> None: ...
 
-class DataAssignment(_message.Message):
-    __slots__ = ("shard_index", "num_shards", "start", "end", "seed")
-    SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
-    NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
+class WorkUnit(_message.Message):
+    __slots__ = ("epoch", "index", "start", "end", "seed", "deadline_unix")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
-    shard_index: int
-    num_shards: int
+    DEADLINE_UNIX_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    index: int
     start: int
     end: int
     seed: int
-    def __init__(self, shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    deadline_unix: float
+    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., seed: _Optional[int] = ..., deadline_unix: _Optional[float] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("node_id", "session", "run", "initial_peers", "assignment", "heartbeat_interval_s")
+    __slots__ = ("node_id", "session", "run", "initial_peers", "heartbeat_interval_s")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     INITIAL_PEERS_FIELD_NUMBER: _ClassVar[int]
-    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     session: str
     run: RunSpec
     initial_peers: _containers.RepeatedScalarFieldContainer[str]
-    assignment: DataAssignment
     heartbeat_interval_s: float
-    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., run: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ..., assignment: _Optional[_Union[DataAssignment, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., run: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class NodeMetrics(_message.Message):
-    __slots__ = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch", "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s", "state_bytes_sent", "state_bytes_received", "peer_id", "flagged_peers")
+    __slots__ = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch", "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s", "state_bytes_sent", "state_bytes_received", "peer_id", "flagged_peers", "units_done")
     STEP_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +105,7 @@ class NodeMetrics(_message.Message):
     STATE_BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     FLAGGED_PEERS_FIELD_NUMBER: _ClassVar[int]
+    UNITS_DONE_FIELD_NUMBER: _ClassVar[int]
     step: int
     round: int
     loss: float
@@ -124,7 +123,8 @@ class NodeMetrics(_message.Message):
     state_bytes_received: int
     peer_id: str
     flagged_peers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_total: _Optional[int] = ..., epoch: _Optional[int] = ..., partial_rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ..., samples_local: _Optional[int] = ..., compute_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., state_bytes_sent: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., peer_id: _Optional[str] = ..., flagged_peers: _Optional[_Iterable[str]] = ...) -> None: ...
+    units_done: int
+    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_total: _Optional[int] = ..., epoch: _Optional[int] = ..., partial_rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ..., samples_local: _Optional[int] = ..., compute_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., state_bytes_sent: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., peer_id: _Optional[str] = ..., flagged_peers: _Optional[_Iterable[str]] = ..., units_done: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "session", "metrics")
@@ -137,14 +137,52 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("command", "assignment", "reason")
+    __slots__ = ("command", "reason")
     COMMAND_FIELD_NUMBER: _ClassVar[int]
-    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     command: Command
-    assignment: DataAssignment
     reason: str
-    def __init__(self, command: _Optional[_Union[Command, str]] = ..., assignment: _Optional[_Union[DataAssignment, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+    def __init__(self, command: _Optional[_Union[Command, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class GetWorkRequest(_message.Message):
+    __slots__ = ("node_id", "session")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    session: str
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ...) -> None: ...
+
+class GetWorkResponse(_message.Message):
+    __slots__ = ("unit", "reason", "retry_after_s")
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    unit: WorkUnit
+    reason: str
+    retry_after_s: float
+    def __init__(self, unit: _Optional[_Union[WorkUnit, _Mapping]] = ..., reason: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
+
+class ReportWorkRequest(_message.Message):
+    __slots__ = ("node_id", "session", "epoch", "index", "samples")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    session: str
+    epoch: int
+    index: int
+    samples: int
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., epoch: _Optional[int] = ..., index: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
+
+class ReportWorkResponse(_message.Message):
+    __slots__ = ("accepted", "reason")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    reason: str
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("node_id", "session", "reason", "metrics")
@@ -167,7 +205,7 @@ class GetSwarmHealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeHealth(_message.Message):
-    __slots__ = ("node_id", "node_name", "state", "metrics", "last_seen_unix", "joined_unix", "reason", "bytes_per_s")
+    __slots__ = ("node_id", "node_name", "state", "metrics", "last_seen_unix", "joined_unix", "reason", "bytes_per_s", "units")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +214,7 @@ class NodeHealth(_message.Message):
     JOINED_UNIX_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     node_name: str
     state: str
@@ -184,10 +223,11 @@ class NodeHealth(_message.Message):
     joined_unix: float
     reason: str
     bytes_per_s: float
-    def __init__(self, node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., last_seen_unix: _Optional[float] = ..., joined_unix: _Optional[float] = ..., reason: _Optional[str] = ..., bytes_per_s: _Optional[float] = ...) -> None: ...
+    units: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., last_seen_unix: _Optional[float] = ..., joined_unix: _Optional[float] = ..., reason: _Optional[str] = ..., bytes_per_s: _Optional[float] = ..., units: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SwarmTotals(_message.Message):
-    __slots__ = ("nodes_online", "samples_per_s", "global_round", "samples_total", "bytes_sent", "bytes_received", "val_loss", "val_bpc", "val_round", "latest_checkpoint", "latest_checkpoint_round", "val_metrics")
+    __slots__ = ("nodes_online", "samples_per_s", "global_round", "samples_total", "bytes_sent", "bytes_received", "val_loss", "val_bpc", "val_round", "latest_checkpoint", "latest_checkpoint_round", "val_metrics", "epoch", "units_total", "units_pending", "units_in_progress", "units_done", "units_reissued", "scheduling_reason")
     class ValMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +247,13 @@ class SwarmTotals(_message.Message):
     LATEST_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     LATEST_CHECKPOINT_ROUND_FIELD_NUMBER: _ClassVar[int]
     VAL_METRICS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    UNITS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    UNITS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    UNITS_IN_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    UNITS_DONE_FIELD_NUMBER: _ClassVar[int]
+    UNITS_REISSUED_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULING_REASON_FIELD_NUMBER: _ClassVar[int]
     nodes_online: int
     samples_per_s: float
     global_round: int
@@ -219,7 +266,14 @@ class SwarmTotals(_message.Message):
     latest_checkpoint: str
     latest_checkpoint_round: int
     val_metrics: _containers.ScalarMap[str, float]
-    def __init__(self, nodes_online: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., global_round: _Optional[int] = ..., samples_total: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., val_loss: _Optional[float] = ..., val_bpc: _Optional[float] = ..., val_round: _Optional[int] = ..., latest_checkpoint: _Optional[str] = ..., latest_checkpoint_round: _Optional[int] = ..., val_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    epoch: int
+    units_total: int
+    units_pending: int
+    units_in_progress: int
+    units_done: int
+    units_reissued: int
+    scheduling_reason: str
+    def __init__(self, nodes_online: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., global_round: _Optional[int] = ..., samples_total: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., val_loss: _Optional[float] = ..., val_bpc: _Optional[float] = ..., val_round: _Optional[int] = ..., latest_checkpoint: _Optional[str] = ..., latest_checkpoint_round: _Optional[int] = ..., val_metrics: _Optional[_Mapping[str, float]] = ..., epoch: _Optional[int] = ..., units_total: _Optional[int] = ..., units_pending: _Optional[int] = ..., units_in_progress: _Optional[int] = ..., units_done: _Optional[int] = ..., units_reissued: _Optional[int] = ..., scheduling_reason: _Optional[str] = ...) -> None: ...
 
 class SwarmHealth(_message.Message):
     __slots__ = ("run_id", "nodes", "totals", "alerts", "now_unix")

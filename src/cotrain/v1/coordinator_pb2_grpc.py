@@ -54,6 +54,16 @@ class CoordinatorStub:
                 request_serializer=cotrain_dot_v1_dot_coordinator__pb2.GetSwarmHealthRequest.SerializeToString,
                 response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.SwarmHealth.FromString,
                 _registered_method=True)
+        self.GetWork = channel.unary_unary(
+                '/cotrain.v1.Coordinator/GetWork',
+                request_serializer=cotrain_dot_v1_dot_coordinator__pb2.GetWorkRequest.SerializeToString,
+                response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.GetWorkResponse.FromString,
+                _registered_method=True)
+        self.ReportWork = channel.unary_unary(
+                '/cotrain.v1.Coordinator/ReportWork',
+                request_serializer=cotrain_dot_v1_dot_coordinator__pb2.ReportWorkRequest.SerializeToString,
+                response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.ReportWorkResponse.FromString,
+                _registered_method=True)
         self.ReadData = channel.unary_unary(
                 '/cotrain.v1.Coordinator/ReadData',
                 request_serializer=cotrain_dot_v1_dot_coordinator__pb2.ReadDataRequest.SerializeToString,
@@ -98,8 +108,23 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetWork(self, request, context):
+        """The work unit the calling node should train on next (a byte range of the training split, or for world models
+        a quota of rollouts to collect), with a deadline; none when every unit is taken (retry_after_s says when to ask).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportWork(self, request, context):
+        """A node finished a unit. Acknowledged completions are stored before the answer leaves.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReadData(self, request, context):
-        """Bytes of the run's corpus inside the range assigned to the calling node.
+        """Bytes of the run's corpus (a node reads the ranges of its work units).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -134,6 +159,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetSwarmHealth,
                     request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.GetSwarmHealthRequest.FromString,
                     response_serializer=cotrain_dot_v1_dot_coordinator__pb2.SwarmHealth.SerializeToString,
+            ),
+            'GetWork': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWork,
+                    request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.GetWorkRequest.FromString,
+                    response_serializer=cotrain_dot_v1_dot_coordinator__pb2.GetWorkResponse.SerializeToString,
+            ),
+            'ReportWork': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportWork,
+                    request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.ReportWorkRequest.FromString,
+                    response_serializer=cotrain_dot_v1_dot_coordinator__pb2.ReportWorkResponse.SerializeToString,
             ),
             'ReadData': grpc.unary_unary_rpc_method_handler(
                     servicer.ReadData,
@@ -254,6 +289,60 @@ class Coordinator:
             '/cotrain.v1.Coordinator/GetSwarmHealth',
             cotrain_dot_v1_dot_coordinator__pb2.GetSwarmHealthRequest.SerializeToString,
             cotrain_dot_v1_dot_coordinator__pb2.SwarmHealth.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cotrain.v1.Coordinator/GetWork',
+            cotrain_dot_v1_dot_coordinator__pb2.GetWorkRequest.SerializeToString,
+            cotrain_dot_v1_dot_coordinator__pb2.GetWorkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportWork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cotrain.v1.Coordinator/ReportWork',
+            cotrain_dot_v1_dot_coordinator__pb2.ReportWorkRequest.SerializeToString,
+            cotrain_dot_v1_dot_coordinator__pb2.ReportWorkResponse.FromString,
             options,
             channel_credentials,
             insecure,

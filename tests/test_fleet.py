@@ -1,0 +1,72 @@
+"""The operator's fleet through a real local Ray instance: a managed node joins like a volunteer, trains, is
+restarted when it dies, evaluations run as Ray tasks; `cotrain simulate` runs a virtual swarm."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from cotrain.coordinator.store import Store
+from cotrain.launch import wait_for
+from cotrain.node.client import CoordinatorClient
+
+from conftest import RunningCoordinator, tiny_config
+
+pytestmark = pytest.mark.swarm
+
+
+def test_managed_node_joins_trains_is_restarted_and_evaluations_run_on_ray(tmp_path, corpus_file):
+    cfg = tiny_config(corpus_file, coordinator={"eval_every_rounds": 2})
+    running = RunningCoordinator(tmp_path, cfg, extra=["--managed-nodes", "1", "--managed-node-cpus", "0.5"])
+    client = CoordinatorClient(running.address, insecure=True)
+    node_log = running.state_dir / "managed" / "node-0" / "node.log"
+
+    def managed():
+        return {n.node_name: n for n in client.health().nodes}.get("managed-0")
+
+    try:
+        assert running.info["ray"] == "local" and len(running.info["managed_pids"]) == 1
+        wait_for(lambda: managed() is not None and managed().metrics.round >= 1, 240,
+                 what="the managed node to join and finish a round", procs=[running.proc])
+        wait_for(lambda: client.health().totals.val_round >= 1, 120, what="an evaluation by a Ray task",
+                 procs=[running.proc])
+        assert "evaluation submitted as a Ray task" in running.proc.log()
+        rounds = [r for _, r, *_ in Store(running.state_dir).evals()]
+        assert all(b - a >= 2 for a, b in zip(rounds, rounds[1:])), rounds  # every K = 2 rounds
+
+        os.kill(running.info["managed_pids"][0], signal.SIGKILL)  # the node dies; Ray restarts its actor
+        wait_for(lambda: node_log.read_text().count("joined run ") >= 2, 240,
+                 what="Ray to restart the managed node", procs=[running.proc])
+        before = managed().metrics.step
+        wait_for(lambda: managed().state == "healthy" and managed().metrics.step > before, 240,
+                 what="the restarted node to train again", procs=[running.proc])
+        assert [n.node_name for n in client.health().nodes] == ["managed-0"]  # the same identity
+    finally:
+        client.close()
+        code = running.stop()
+    assert code == 0
+    nodes = {n.name: n for n in Store(running.state_dir).load_nodes()}
+    assert nodes["managed-0"].left  # stopped with the coordinator, cleanly
+    assert all(t.revoked for t in Store(running.state_dir).list_tokens() if t.name.startswith("managed-"))
+
+
+def test_simulate_runs_a_virtual_swarm(tmp_path, corpus_file):
+    cfg = tiny_config(corpus_file)
+    (tmp_path / "run.toml").write_text(cfg.to_toml())
+    out = subprocess.run([sys.executable, "-m", "cotrain", "simulate", "--nodes", "2", "--config",
+                          str(tmp_path / "run.toml"), "--duration", "30", "--format", "json",
+                          "--workdir", str(tmp_path / "sim")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    assert summary["nodes"] == 2 and summary["global_round"] >= 1 and summary["samples_total"] > 0
+    assert sorted(n["node_name"] for n in summary["nodes_detail"]) == ["managed-0", "managed-1"]
+    assert summary["coordinator_exit_code"] == 0
+
+
+def test_simulate_rejects_bad_flags():
+    out = subprocess.run([sys.executable, "-m", "cotrain", "simulate", "--nodes", "0"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0 and "--nodes" in out.stderr and "Traceback" not in out.stderr

@@ -188,6 +188,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
         await self._rate_limit(self.heartbeat_limiter, "Heartbeat", context)
+        return await self._heartbeat(request, context)
+
+    async def HeartbeatStream(self, requests, context):
+        async for request in requests:
+            await self._rate_limit(self.heartbeat_limiter, "Heartbeat", context)
+            yield await self._heartbeat(request, context)
+
+    async def _heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
         node = await self._session(request.node_id, request.session, context)
         try:
             metrics = _metrics_dict(request.metrics)

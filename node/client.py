@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import queue
 import random
 import threading
 import time
@@ -36,6 +37,46 @@ class CoordinatorUnavailable(Exception):
     pass
 
 
+class HeartbeatStream:
+    """A long-lived ``HeartbeatStream`` call: each :meth:`send` writes one request and waits for its answer. A
+    heartbeat on an open stream costs the coordinator a fraction of a unary call, which is what lets one coordinator
+    take thousands of nodes."""
+
+    _CLOSE = object()
+
+    def __init__(self, stub):
+        self._requests: queue.Queue = queue.Queue()
+        self._call = stub.HeartbeatStream(iter(self._next_request, None))
+        self._responses = iter(self._call)
+
+    def _next_request(self):
+        item = self._requests.get()
+        return None if item is self._CLOSE else item  # None ends the iterator: the stream's half-close
+
+    def send(self, request: pb.HeartbeatRequest, timeout: float) -> pb.HeartbeatResponse:
+        self._requests.put(request)
+        timer = threading.Timer(timeout, self._call.cancel)  # no answer in time: end the call, the caller retries
+        timer.start()
+        try:
+            return next(self._responses)
+        except StopIteration:
+            raise _StreamEnded() from None
+        finally:
+            timer.cancel()
+
+    def close(self) -> None:
+        self._requests.put(self._CLOSE)
+        self._call.cancel()
+
+
+class _StreamEnded(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "the coordinator ended the heartbeat stream"
+
+
 class CoordinatorClient:
     def __init__(self, address: str, insecure: bool, ca_path: Optional[str] = None, rpc_timeout: float = 10.0):
         self.address = address
@@ -45,8 +86,11 @@ class CoordinatorClient:
         self.node_id = ""
         self.session = ""
         self._lock = threading.Lock()
+        self._heartbeats: Optional[HeartbeatStream] = None
 
     def close(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.close()
         self.channel.close()
 
     def __enter__(self) -> "CoordinatorClient":
@@ -88,8 +132,18 @@ class CoordinatorClient:
         return response
 
     def heartbeat(self, metrics: pb.NodeMetrics) -> pb.HeartbeatResponse:
+        """One heartbeat on this node's heartbeat stream (opened on first use, and again after it broke); raises
+        grpc.RpcError when the coordinator does not answer within ``rpc_timeout``."""
         request = pb.HeartbeatRequest(node_id=self.node_id, session=self.session, metrics=metrics)
-        return self.stub.Heartbeat(request, timeout=self.rpc_timeout)
+        with self._lock:
+            if self._heartbeats is None:
+                self._heartbeats = HeartbeatStream(self.stub)
+            try:
+                return self._heartbeats.send(request, self.rpc_timeout)
+            except grpc.RpcError:
+                self._heartbeats.close()
+                self._heartbeats = None
+                raise
 
     def leave(self, reason: str, metrics: Optional[pb.NodeMetrics] = None) -> None:
         self.stub.Leave(pb.LeaveRequest(node_id=self.node_id, session=self.session, reason=reason, metrics=metrics),

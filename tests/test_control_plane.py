@@ -81,6 +81,34 @@ def test_join_heartbeat_read_leave(stub, coordinator):
     assert health.totals.nodes_online == 0
 
 
+def test_heartbeat_stream_answers_each_heartbeat_and_ends_on_a_bad_session(stub, coordinator):
+    r = join(stub, coordinator.token, "streamer")
+    requests = [pb.HeartbeatRequest(node_id=r.node_id, session=r.session, metrics=pb.NodeMetrics(step=s))
+                for s in (1, 2, 3)]
+    answers = list(stub.HeartbeatStream(iter(requests), timeout=10))
+    assert [a.command for a in answers] == [pb.CONTINUE] * 3
+    health = stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=10)
+    assert {n.node_name: n.metrics.step for n in health.nodes}["streamer"] == 3
+    forged = iter(requests[:1] + [pb.HeartbeatRequest(node_id=r.node_id, session="forged")])
+    code, details = code_of(lambda: list(stub.HeartbeatStream(forged, timeout=10)))
+    assert code == grpc.StatusCode.UNAUTHENTICATED and "session" in details
+
+
+def test_node_client_heartbeats_over_a_stream_and_reopens_it(coordinator):
+    from cotrain.node.client import CoordinatorClient
+
+    with CoordinatorClient(coordinator.address, insecure=True) as client:
+        client.join(coordinator.token, "client")
+        for step in range(1, 4):
+            assert client.heartbeat(pb.NodeMetrics(step=step)).command == pb.CONTINUE
+        client._heartbeats.close()  # the stream breaks (as when the coordinator restarts)
+        with pytest.raises(grpc.RpcError):
+            client.heartbeat(pb.NodeMetrics(step=4))
+        assert client.heartbeat(pb.NodeMetrics(step=5)).command == pb.CONTINUE  # a new stream
+        row = {n.node_name: n for n in client.health().nodes}["client"]
+        assert row.metrics.step == 5
+
+
 def work(stub, node):
     return stub.GetWork(pb.GetWorkRequest(node_id=node.node_id, session=node.session), timeout=10)
 

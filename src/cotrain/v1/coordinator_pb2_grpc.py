@@ -44,6 +44,11 @@ class CoordinatorStub:
                 request_serializer=cotrain_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.HeartbeatStream = channel.stream_stream(
+                '/cotrain.v1.Coordinator/HeartbeatStream',
+                request_serializer=cotrain_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
+                _registered_method=True)
         self.Leave = channel.unary_unary(
                 '/cotrain.v1.Coordinator/Leave',
                 request_serializer=cotrain_dot_v1_dot_coordinator__pb2.LeaveRequest.SerializeToString,
@@ -89,6 +94,15 @@ class CoordinatorServicer:
 
     def Heartbeat(self, request, context):
         """Report progress; the answer tells the node what to do next.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HeartbeatStream(self, request_iterator, context):
+        """The same, on one long-lived stream per node: an answer for every request, in order. Nodes use this (a message
+        on an open stream costs the coordinator a fraction of a unary call); an invalid message ends the stream with
+        the status the unary call would return.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -147,6 +161,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
+                    request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.HeartbeatRequest.FromString,
+                    response_serializer=cotrain_dot_v1_dot_coordinator__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'HeartbeatStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.HeartbeatStream,
                     request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.HeartbeatRequest.FromString,
                     response_serializer=cotrain_dot_v1_dot_coordinator__pb2.HeartbeatResponse.SerializeToString,
             ),
@@ -233,6 +252,33 @@ class Coordinator:
             request,
             target,
             '/cotrain.v1.Coordinator/Heartbeat',
+            cotrain_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
+            cotrain_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HeartbeatStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/cotrain.v1.Coordinator/HeartbeatStream',
             cotrain_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
             cotrain_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
             options,

@@ -65,7 +65,8 @@ def one_run(args, chaos: bool) -> dict:
             for i, proc in nodes.items():
                 if not proc.alive():
                     raise RuntimeError(f"node-{i} exited by itself (code {proc.popen.returncode}); logs in {tmp}")
-            if chaos and time.monotonic() >= next_kill:
+            # no kill in the last interval: the last victim has time to rejoin before everyone is stopped
+            if chaos and time.monotonic() >= next_kill and time.monotonic() - started < args.duration - args.kill_every:
                 victim = rng.randrange(args.nodes)
                 nodes[victim].kill()
                 failures += 1

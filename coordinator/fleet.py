@@ -121,6 +121,22 @@ class ManagedNodeSpec:
     extra_args: tuple = ()
 
 
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail fast on an address nothing listens on (Ray itself retries for minutes)."""
+    import socket
+
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise FleetError(f"--ray-address: expected auto, HOST:PORT or ray://HOST:PORT, got {address!r}") from None
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", port_number), timeout=timeout).close()
+    except OSError as e:
+        raise FleetError(f"--ray-address {address}: nothing answers there ({e.strerror or e})") from None
+
+
 @contextlib.contextmanager
 def _keep_signal_handlers():
     """ray.init installs its own SIGINT/SIGTERM handlers in the driver; the coordinator keeps its own."""
@@ -139,6 +155,8 @@ class Fleet:
 
         self.ray = ray
         self.local = not address
+        if address and address != "auto":
+            _check_reachable(address)
         try:
             with _keep_signal_handlers():
                 if self.local:

@@ -70,3 +70,13 @@ def test_simulate_rejects_bad_flags():
     out = subprocess.run([sys.executable, "-m", "cotrain", "simulate", "--nodes", "0"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode != 0 and "--nodes" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_unreachable_ray_address_is_a_clear_error_not_a_hang(tmp_path):
+    from cotrain.exit_codes import ExitCode
+
+    out = subprocess.run([sys.executable, "-m", "cotrain", "coordinator", "start", "--insecure", "--listen",
+                          "127.0.0.1:0", "--state-dir", str(tmp_path / "s"), "--ray-address", "127.0.0.1:1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == ExitCode.FLEET, out.stderr[-2000:]
+    assert "--ray-address" in out.stderr and "Traceback" not in out.stderr

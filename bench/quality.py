@@ -32,7 +32,9 @@ def lm_config(data: str, steps_per_node: int, inner_steps: int, outer_lr: float)
         optimizer={"lr": 3e-3, "min_lr": 3e-4, "decay_steps": steps_per_node, "grad_clip": 1.0},
         averaging={"inner_steps": inner_steps, "outer_lr": outer_lr, "matchmaking_time": 2.0, "request_timeout": 1.5,
                    "progress_interval": 0.5},
-        coordinator={"checkpoint_interval_s": 3600.0},
+        # units of about a third of the training text: a swarm node gets one each, a single node takes them in
+        # turn, and the recurrent state is carried across long streams as in the plain LSTM of BASELINES.md
+        coordinator={"checkpoint_interval_s": 3600.0, "unit_bytes": 320_000},
         device="cpu",
     ))
 
@@ -41,7 +43,8 @@ def run_lm(data: str, nodes: int, total_sequences: int, inner_steps: int, outer_
     steps_per_node = total_sequences // (32 * nodes)
     rounds = max(1, steps_per_node // inner_steps)
     cfg = lm_config(data, rounds * inner_steps, inner_steps, outer_lr)
-    run = run_swarm(cfg, nodes, ["--max-rounds", str(rounds)])
+    # a single node uses every core (torch's default threads), as the plain LSTM did; swarm nodes one thread each
+    run = run_swarm(cfg, nodes, ["--max-rounds", str(rounds), *(["--threads", "0"] if nodes == 1 else [])])
     return dict(nodes=nodes, val_bpc=run.metrics["val_bpc"], val_loss=run.metrics["val_loss"], wall_s=run.wall_s,
                 samples=run.samples, rounds=rounds,
                 inner_steps=inner_steps)

@@ -58,7 +58,7 @@ class Checkpointer(threading.Thread):
         self.wake.set()
 
     def tick(self) -> Optional[Path]:
-        for round_number, metrics in self.evaluator.collect() if self.evaluator.fleet is not None else ():
+        for round_number, metrics in self.evaluator.collect():
             self._record_eval(round_number, metrics)
         stale_after = 3 * self.cfg.averaging.progress_interval + 1.0
         donors = pick_donors(time.time(), "", self.board.read() or [], stale_after)
@@ -86,7 +86,7 @@ class Checkpointer(threading.Thread):
         self.summary.latest_checkpoint, self.summary.latest_checkpoint_round = str(path), round_number
         logger.info("checkpoint of round %d written to %s", round_number, path)
         self._prune()
-        for evaluated, metrics in self.evaluator.submit(round_number, path.read_bytes()):
+        for evaluated, metrics in self.evaluator.submit(round_number, path.read_bytes):
             self._record_eval(evaluated, metrics)
         return path
 

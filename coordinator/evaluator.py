@@ -9,7 +9,7 @@ models; NLL, MSE against copying the last state, open-loop errors and reward err
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Callable, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +60,12 @@ class Evaluator:
     def due(self, round_number: int) -> bool:
         return self.last_round is None or round_number >= self.last_round + self.every_rounds
 
-    def submit(self, round_number: int, data: bytes) -> list[Result]:
-        """Evaluate the checkpoint of ``round_number`` if due; -> the results finished now."""
+    def submit(self, round_number: int, load: Callable[[], bytes]) -> list[Result]:
+        """Evaluate the checkpoint of ``round_number`` (its bytes from ``load()``) if due; -> the results finished
+        now."""
         if self.due(round_number):
             self.last_round = round_number
-            args = (self.config_toml, data, self.max_bytes, self.controller)
+            args = (self.config_toml, load(), self.max_bytes, self.controller)
             if self.fleet is None:
                 return [(round_number, evaluate_checkpoint(*args))]
             self.pending.append((round_number, self.fleet.submit(evaluate_checkpoint, *args)))
@@ -72,7 +73,7 @@ class Evaluator:
         return self.collect()
 
     def collect(self) -> list[Result]:
-        """Results of the Ray tasks that have finished (a failed task is logged and dropped)."""
+        """Results of the Ray tasks that have finished (a failed task is logged and dropped); none without a fleet."""
         out, still = [], []
         for round_number, ref in self.pending:
             if not self.fleet.done(ref):

@@ -34,14 +34,6 @@ logger = logging.getLogger(__name__)
 PERMANENT_EXIT_CODES = (2, 3, 4, 5, 7)
 
 
-def _die_with_parent() -> None:
-    """In the node process (preexec): die when the actor that supervises it dies, even by kill -9."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 class FleetError(RuntimeError):
     """Ray could not be reached, or cannot place the managed nodes; the message names the flag."""
 
@@ -52,12 +44,15 @@ class ManagedNodeProcess:
 
     def __init__(self, args: Sequence[str], log_path: str, on_crash: Callable[[int], None]):
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        from cotrain.averaging.dht import kill_me_with_parent  # hivemind and torch: only where a node starts
+
         self.args, self.log_path, self.on_crash = list(args), log_path, on_crash
         self._log = open(log_path, "ab")
         self._stopping = False
         self.proc = subprocess.Popen([sys.executable, "-m", "cotrain", "node", "join", *self.args],
                                      stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=_die_with_parent)
+                                     env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                     preexec_fn=kill_me_with_parent)  # the node dies with its actor
         self._watcher = threading.Thread(target=self._watch, name="watch-node", daemon=True)
         self._watcher.start()
 

@@ -47,7 +47,6 @@ def cmd_simulate(args) -> int:
 
     from rich.console import Console
 
-    from cotrain.coordinator.store import Store
     from cotrain.launch import LaunchError, start_coordinator, wait_for
     from cotrain.node.client import CoordinatorClient
     from cotrain.status import health_table, message_to_dict
@@ -60,7 +59,6 @@ def cmd_simulate(args) -> int:
     extra = ["--managed-nodes", str(args.nodes), "--managed-node-cpus", f"{cpus:g}"]
     if args.ray_address:
         extra += ["--ray-address", args.ray_address]
-    Store(workdir / "coordinator")  # the state dir, before the coordinator starts
     coordinator, address = start_coordinator(workdir / "coordinator", workdir / "run.toml", extra=extra,
                                              timeout=300.0)
     client = CoordinatorClient(address, insecure=True, rpc_timeout=10.0)

@@ -199,14 +199,13 @@ class Store:
     def flush(self) -> None:
         """Write the pending heartbeats in one transaction."""
         with self._write_lock:
-            self._flush_locked()
+            with self._pending_lock:
+                pending, history = self._pending, self._pending_history
+                self._pending, self._pending_history = {}, []
+            if pending or history:
+                self._write_heartbeats(pending, history)
 
-    def _flush_locked(self) -> None:
-        with self._pending_lock:
-            pending, history = self._pending, self._pending_history
-            self._pending, self._pending_history = {}, []
-        if not pending and not history:
-            return
+    def _write_heartbeats(self, pending: dict, history: list) -> None:
         try:
             with self._conn() as conn:
                 conn.executemany("UPDATE nodes SET last_seen = ?, metrics = ? WHERE node_id = ?",
@@ -249,7 +248,7 @@ class Store:
             "SELECT epoch, idx, start, end, state, holder, deadline, attempts FROM units ORDER BY epoch, idx").fetchall()
 
     def forget_epochs(self, epochs: list[int]) -> None:
-        """Drop the units of finished epochs (the count of finished epochs stays in meta ``epochs_done``)."""
+        """Drop the units of finished epochs (keep the newest finished one: it tells which epoch is current)."""
         with self._conn() as conn:
             conn.executemany("DELETE FROM units WHERE epoch = ?", [(e,) for e in epochs])
 

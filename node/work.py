@@ -33,7 +33,6 @@ class WorkQueue:
         self.retry_away_s = 15.0
         self._last_try = 0.0
         self.units_done = 0
-        self.last_reason = ""
 
     def _patience(self) -> Optional[float]:
         """Seconds to keep retrying the coordinator now; None: do not try (it is away and was tried just now)."""
@@ -69,11 +68,9 @@ class WorkQueue:
             except CoordinatorUnavailable as e:
                 logger.warning("%s", e)
                 return None
-            self.last_reason = response.reason
-            if response.HasField("unit"):
-                logger.info("work: %s", response.reason)
-                return response.unit
             logger.info("work: %s", response.reason)
+            if response.HasField("unit"):
+                return response.unit
             self.stop.wait(max(0.5, response.retry_after_s))
         return None
 

@@ -50,17 +50,21 @@ def die_with_parent() -> None:
     global _DIE_WITH_PARENT
     if _DIE_WITH_PARENT or not sys.platform.startswith("linux"):
         return
+    os.register_at_fork(after_in_child=kill_me_with_parent)
+    _DIE_WITH_PARENT = True
+
+
+def kill_me_with_parent() -> None:
+    """In a child process (after fork, or as a subprocess's preexec_fn): receive SIGKILL when the parent dies
+    (Linux's PR_SET_PDEATHSIG); elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
     except OSError:
         return
     PR_SET_PDEATHSIG = 1
-
-    def in_child() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-    os.register_at_fork(after_in_child=in_child)
-    _DIE_WITH_PARENT = True
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def visible_maddrs(dht: DHT) -> list[str]:

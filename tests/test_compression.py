@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from cotrain.compression import Float16, Int8Blockwise, NoCompression, PowerSGD, TopK, make_codec
+from cotrain.compression import Float16, Int4Blockwise, Int8Blockwise, NoCompression, PowerSGD, TopK, make_codec
 
-CODECS = [NoCompression(), Float16(), Int8Blockwise(64), TopK(0.05, 64)]
+CODECS = [NoCompression(), Float16(), Int8Blockwise(64), Int4Blockwise(64), TopK(0.05, 64)]
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
@@ -24,6 +24,8 @@ def test_sizes_on_the_wire():
     assert len(NoCompression().encode(x)) == 40_000
     assert len(Float16().encode(x)) == 20_000
     assert len(Int8Blockwise(256).encode(x)) == 10_000 + 4 * math.ceil(10_000 / 256)
+    assert len(Int4Blockwise(256).encode(x)) == 5_000 + 4 * math.ceil(10_000 / 256)
+    assert len(Int4Blockwise(256).encode(x[:9_999])) == 5_000 + 4 * math.ceil(9_999 / 256)
     assert len(TopK(0.01, 256).encode(x)) == 4 + 100 * 4 + 100 + 4
 
 
@@ -37,7 +39,13 @@ def test_topk_keeps_the_largest_and_result_keeps_every_nonzero():
     assert set(torch.nonzero(z).flatten().tolist()) == {3, 500, 999}
 
 
-@pytest.mark.parametrize("codec", [Int8Blockwise(64), TopK(0.02, 64)], ids=lambda c: c.name)
+def test_int4_uses_every_code_and_keeps_signs():
+    x = torch.linspace(-7, 7, 15)  # one block whose absmax is 7: the codes are the values themselves
+    y = Int4Blockwise(64).decode(Int4Blockwise(64).encode(x), 15)
+    assert torch.equal(y, x)
+
+
+@pytest.mark.parametrize("codec", [Int8Blockwise(64), Int4Blockwise(64), TopK(0.02, 64)], ids=lambda c: c.name)
 def test_error_feedback_carries_what_was_dropped(codec):
     torch.manual_seed(0)
     inputs = [torch.randn(500) for _ in range(30)]
@@ -58,6 +66,8 @@ def test_decode_rejects_malformed_payloads():
         Int8Blockwise(64).decode(b"\0" * 10, 100)
     with pytest.raises(ValueError):
         TopK(0.1).decode(b"\xff\xff\xff\xff", 10)
+    with pytest.raises(ValueError, match="int4: a code outside"):
+        Int4Blockwise(64).decode(b"\0\0\x80\x3f" + b"\0" * 5, 10)  # code 0 - 8 = -8 is never sent
     with pytest.raises(ValueError, match="compression.kind"):
         make_codec("zip")
 

@@ -147,11 +147,12 @@ class AveragingConfig(_Section):
 
 
 class CompressionConfig(_Section):
-    """What is sent when averaging: ``none`` (fp32), ``fp16``, ``int8`` (blockwise absmax), ``topk`` (the largest
+    """What is sent when averaging: ``none`` (fp32), ``fp16``, ``int8`` (blockwise absmax), ``int4`` (the same at 4 bits,
+    half the bytes), ``topk`` (the largest
     ``topk_fraction`` of values as indices plus int8 values), ``powersgd`` (rank-``powersgd_rank`` factors). Lossy
     codecs keep what they dropped and add it to the next round (error feedback) unless ``error_feedback`` is off."""
 
-    kind: Literal["none", "fp16", "int8", "topk", "powersgd"] = "none"
+    kind: Literal["none", "fp16", "int8", "int4", "topk", "powersgd"] = "none"
     topk_fraction: float = Field(0.01, gt=0.0, le=1.0)
     powersgd_rank: int = Field(4, ge=1, le=1024)
     block: int = Field(256, ge=8, le=1 << 20)

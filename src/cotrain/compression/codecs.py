@@ -95,6 +95,7 @@ class Int8Blockwise(Codec):
     value: 1 + 4/block bytes per value. Error at most half a step: absmax(block) / 254."""
 
     name = "int8"
+    levels = 127  # codes -levels..levels
 
     def __init__(self, block: int = 256):
         self.block = block
@@ -102,24 +103,33 @@ class Int8Blockwise(Codec):
     def _blocks(self, numel: int) -> int:
         return math.ceil(numel / self.block)
 
-    def encode(self, x):
+    def _quantize(self, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """-> (float32 scale per block, int8 codes of the values, unpadded)"""
         a = _f32(x)
         n, nb = a.size, self._blocks(a.size)
         padded = np.zeros(nb * self.block, dtype=np.float32)
         padded[:n] = a
         padded = padded.reshape(nb, self.block)
-        scale = np.abs(padded).max(axis=1) / 127.0
+        scale = (np.abs(padded).max(axis=1) / self.levels).astype(np.float32)
         safe = np.where(scale > 0, scale, 1.0).astype(np.float32)
-        q = np.clip(np.rint(padded / safe[:, None]), -127, 127).astype(np.int8)
-        return scale.astype("<f4").tobytes() + q.reshape(-1)[:n].tobytes()
+        q = np.clip(np.rint(padded / safe[:, None]), -self.levels, self.levels).astype(np.int8)
+        return scale, q.reshape(-1)[:n]
+
+    def _dequantize(self, scale: np.ndarray, q: np.ndarray, numel: int) -> torch.Tensor:
+        nb = self._blocks(numel)
+        padded = np.zeros(nb * self.block, dtype=np.float32)
+        padded[:numel] = q
+        return _tensor((padded.reshape(nb, self.block) * scale[:, None]).reshape(-1)[:numel])
+
+    def encode(self, x):
+        scale, q = self._quantize(x)
+        return scale.astype("<f4").tobytes() + q.tobytes()
 
     def decode(self, data, numel):
         nb = self._blocks(numel)
-        _check(data, 4 * nb + numel, "int8")
-        scale = np.frombuffer(data[: 4 * nb], dtype="<f4")
-        q = np.zeros(nb * self.block, dtype=np.float32)
-        q[:numel] = np.frombuffer(data[4 * nb:], dtype=np.int8)
-        return _tensor((q.reshape(nb, self.block) * scale[:, None]).reshape(-1)[:numel])
+        _check(data, 4 * nb + numel, self.name)
+        return self._dequantize(np.frombuffer(data[: 4 * nb], dtype="<f4"), np.frombuffer(data[4 * nb:], np.int8),
+                                numel)
 
     def error_bound(self, x):
         a = _f32(x)
@@ -128,7 +138,34 @@ class Int8Blockwise(Codec):
         nb = self._blocks(a.size)
         padded = np.zeros(nb * self.block, dtype=np.float32)
         padded[: a.size] = np.abs(a)
-        return float(padded.reshape(nb, self.block).max(axis=1).max()) / 254.0 * (1 + 1e-6)
+        return float(padded.reshape(nb, self.block).max(axis=1).max()) / (2 * self.levels) * (1 + 1e-6)
+
+
+class Int4Blockwise(Int8Blockwise):
+    """Blockwise absmax quantisation to 4 bits: per block one float32 scale (absmax / 7) and a code in -7..7 per
+    value, two codes to a byte: 1/2 + 4/block bytes per value (half of int8). Error at most absmax(block) / 14:
+    coarse, so use it with error feedback (the default), which sends what one round rounded away in the next."""
+
+    name = "int4"
+    levels = 7
+
+    def encode(self, x):
+        scale, q = self._quantize(x)
+        nibbles = (q.astype(np.int16) + 8).astype(np.uint8)  # 1..15
+        if nibbles.size % 2:
+            nibbles = np.append(nibbles, np.uint8(8))  # a code of 0 pads the odd last value
+        return scale.astype("<f4").tobytes() + (nibbles[0::2] | (nibbles[1::2] << 4)).tobytes()
+
+    def decode(self, data, numel):
+        nb = self._blocks(numel)
+        _check(data, 4 * nb + (numel + 1) // 2, self.name)
+        packed = np.frombuffer(data[4 * nb:], dtype=np.uint8)
+        nibbles = np.empty(packed.size * 2, dtype=np.int16)
+        nibbles[0::2], nibbles[1::2] = packed & 0x0F, packed >> 4
+        q = nibbles[:numel] - 8
+        if q.size and (q.min() < -self.levels or q.max() > self.levels):
+            raise ValueError(f"{self.name}: a code outside -{self.levels}..{self.levels}")
+        return self._dequantize(np.frombuffer(data[: 4 * nb], dtype="<f4"), q, numel)
 
 
 class TopK(Codec):
@@ -192,6 +229,8 @@ def make_codec(kind: str, topk_fraction: float = 0.01, block: int = 256) -> Code
         return Float16()
     if kind == "int8":
         return Int8Blockwise(block)
+    if kind == "int4":
+        return Int4Blockwise(block)
     if kind == "topk":
         return TopK(topk_fraction, block)
     raise ValueError(f"compression.kind: no codec named {kind!r}")

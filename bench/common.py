@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,16 @@ from cotrain.tasks import build_task
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+# a bench stopped with SIGTERM (timeout, kill) unwinds like Ctrl-C, so run_swarm's cleanup stops the coordinator and
+# node processes it started instead of leaving them behind
+if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
 
 def default_text() -> str:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cotrain.averaging import AllReduceFailed, Exchange, butterfly_allreduce, start_dht
-from cotrain.compression import Int8Blockwise, NoCompression
+from cotrain.compression import Int4Blockwise, Int8Blockwise, NoCompression
 
 pytestmark = pytest.mark.swarm
 
@@ -57,19 +57,23 @@ def test_every_peer_gets_the_same_weighted_mean(peers):
         assert torch.allclose(r.average, expected, atol=1e-5)
 
 
-def test_compressed_average_is_identical_everywhere_and_bytes_are_counted(peers):
+@pytest.mark.parametrize("codec, bytes_per_value, max_error", [(Int8Blockwise(256), 1.0, 0.1),
+                                                                (Int4Blockwise(256), 0.5, 1.0)],
+                         ids=["int8", "int4"])
+def test_compressed_average_is_identical_everywhere_and_bytes_are_counted(peers, codec, bytes_per_value, max_error):
     torch.manual_seed(1)
     vectors = [torch.randn(30_000) for _ in peers]
     before = [(e.bytes_sent, e.bytes_received) for e in peers]
-    results = run_all(peers, "t-int8", vectors, [1.0, 1.0, 1.0], Int8Blockwise(256), timeout=20)
+    results = run_all(peers, f"t-{codec.name}", vectors, [1.0, 1.0, 1.0], codec, timeout=20)
     for r in results:
         assert torch.equal(r.average, results[0].average)
     mean = sum(vectors) / 3
-    assert (results[0].average - mean).abs().max() < 0.1
+    assert (results[0].average - mean).abs().max() < max_error
+    encoded = 30_000 * bytes_per_value
     for e, (sent, received) in zip(peers, before):
-        # each peer sends 2 (n-1)/n of its ~30 KB vector plus small headers
-        assert 35_000 < e.bytes_sent - sent < 45_000
-        assert 35_000 < e.bytes_received - received < 45_000
+        # each peer sends 2 (n-1)/n of its encoded vector (~30 KB int8, ~15 KB int4) plus small headers
+        assert 1.17 * encoded < e.bytes_sent - sent < 1.5 * encoded
+        assert 1.17 * encoded < e.bytes_received - received < 1.5 * encoded
 
 
 def test_a_vanished_peer_does_not_hold_the_others_past_the_timeout(peers):

@@ -2,7 +2,7 @@
 swarm at equal total samples, side by side, and a world model trained by a swarm whose dream-trained controller is
 tried in the real environment.
 
-    python bench/quality.py [--samples 72000] [--nodes 3] [--inner-steps 20] [--json FILE]
+    python bench/quality.py [--samples 72000] [--nodes 3] [--inner-steps 10] [--json FILE]
 
 All language-model runs use the model, data and budget of ../shared/BASELINES.md (a char LSTM 2x256 on
 tinyshakespeare, TBPTT 128, AdamW 3e-3 cosine to 3e-4, clip 1, 72,000 sequences of 128 bytes in total):
@@ -142,7 +142,7 @@ def main() -> int:
     parser.add_argument("--data", default=None, help="text file (default ../shared/data/tinyshakespeare.txt)")
     parser.add_argument("--samples", type=int, default=72_000, help="sequences of 128 bytes in total, per side")
     parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--inner-steps", type=int, default=20, help="DiLoCo H of the swarm")
+    parser.add_argument("--inner-steps", type=int, default=10, help="DiLoCo H of the swarm")
     parser.add_argument("--outer-lr", type=float, default=1.0, help="the swarm's outer learning rate")
     parser.add_argument("--outer-momentum", type=float, default=0.5, help="the swarm's outer Nesterov momentum")
     parser.add_argument("--skip-plain", action="store_true", help="no plain PyTorch reference run")

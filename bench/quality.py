@@ -18,7 +18,7 @@ Why split the batch: at this budget the loss depends on the number of sequential
 Nodes that each keep batches of 32 take a third of the steps; measured in-process (3 replicas, ideal averaging),
 they end 10-20% above the single node whatever the outer step (H=50 0.7/0.9: 2.82 BPC, H=10 plain averaging: 2.65,
 against 2.32 for one replica).
-""""""
+"""
 
 from __future__ import annotations
 

@@ -103,8 +103,11 @@ def run_lm(data: str, nodes: int, total_sequences: int, inner_steps: int, outer_
         # a lone node trains plainly: outer lr 1 without momentum makes its round a no-op (DiLoCo's 0.7/0.9
         # outer step on its own pseudo-gradient cost 0.22 BPC: 2.556 against 2.335)
         cfg = cfg.with_overrides(averaging={"outer_lr": 1.0, "outer_momentum": 0.0})
-    # a single node uses every core (torch's default threads), as the plain loop does; swarm nodes one thread each
-    run = run_swarm(cfg, nodes, ["--max-rounds", str(rounds), *(["--threads", "0"] if nodes == 1 else [])])
+    # a single node uses every core (torch's default threads), as the plain loop does; swarm nodes one thread each.
+    # --max-steps holds every node to its share of the samples: a node that reaches a round's end keeps training
+    # while it waits for slower peers, so --max-rounds alone let the swarm take 1.42x the samples
+    run = run_swarm(cfg, nodes, ["--max-rounds", str(rounds), "--max-steps", str(rounds * inner_steps),
+                                 *(["--threads", "0"] if nodes == 1 else [])])
     return dict(nodes=nodes, val_bpc=run.metrics["val_bpc"], val_loss=run.metrics["val_loss"], wall_s=run.wall_s,
                 samples=run.samples, rounds=rounds, inner_steps=inner_steps, batch_size=per_node)
 

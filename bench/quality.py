@@ -53,14 +53,11 @@ def lm_config(data: str, batch_size: int, steps_per_node: int, inner_steps: int,
 def run_plain(data: str, total_sequences: int, batch_size: int = 32) -> dict:
     """The reference: a plain PyTorch loop in this process, the same model, optimizer, schedule and data (streams
     over the whole training split), no coordinator, no DHT, every core."""
-    import math
-
     import torch
-    from torch.nn import functional as F
 
     from cotrain.data import Corpus, StreamBatches
-    from cotrain.evaluation import evaluate_lm
-    from cotrain.models import build_model
+    from cotrain.node.runner import lr_at
+    from cotrain.tasks import build_task
 
     steps = total_sequences // batch_size
     cfg = lm_config(data, batch_size, steps, 1, 1.0, 0.0)
@@ -68,7 +65,8 @@ def run_plain(data: str, total_sequences: int, batch_size: int = 32) -> dict:
     torch.manual_seed(cfg.run.seed)
     torch.set_flush_denormal(True)
     corpus = Corpus.from_source(data, val_fraction=cfg.data.val_fraction)
-    model = build_model(cfg)
+    task = build_task(cfg)
+    model = task.build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
     batches = StreamBatches(corpus.read, corpus.train.start, corpus.train.end, batch_size, cfg.data.seq_len)
     started, state = time.monotonic(), None
@@ -76,18 +74,17 @@ def run_plain(data: str, total_sequences: int, batch_size: int = 32) -> dict:
         x, y, new_epoch = batches.next_batch()
         state = None if new_epoch else state
         for group in optimizer.param_groups:
-            group["lr"] = opt.min_lr + 0.5 * (opt.lr - opt.min_lr) * (1 + math.cos(math.pi * step / steps))
-        logits, state = model(x, state)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+            group["lr"] = lr_at(step, opt)
+        loss, state, _ = task.step(model, (x, y), state, torch.device("cpu"))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), opt.grad_clip)
         optimizer.step()
         state = model.detach_state(state)
     wall = time.monotonic() - started
-    result = evaluate_lm(model, corpus.read, corpus.val.start, corpus.val.end, cfg.data.seq_len, batch_size=8)
-    return dict(nodes=1, val_bpc=result.bpc, val_loss=result.loss, wall_s=wall, samples=steps * batch_size,
-                batch_size=batch_size)
+    result = task.evaluate(model, corpus)
+    return dict(nodes=1, val_bpc=result["val_bpc"], val_loss=result["val_loss"], wall_s=wall,
+                samples=steps * batch_size, batch_size=batch_size)
 
 
 def run_lm(data: str, nodes: int, total_sequences: int, inner_steps: int, outer_lr: float,

@@ -297,7 +297,7 @@ class Node:
                 break
             compute_started = time.monotonic()
             # sync: every peer steps together, so the schedule follows the round; DiLoCo: the local steps
-            lr = _lr_at(averaging.round if averaging.strategy == "sync" else self.metrics.step, opt_cfg)
+            lr = lr_at(averaging.round if averaging.strategy == "sync" else self.metrics.step, opt_cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss, state, samples = task.step(model, batch, state, device)
@@ -438,7 +438,7 @@ def download_progress(what: str):
     yield log
 
 
-def _lr_at(step: int, cfg) -> float:
+def lr_at(step: int, cfg) -> float:
     if not cfg.decay_steps:
         return cfg.lr
     t = min(1.0, step / cfg.decay_steps)

@@ -103,23 +103,23 @@ class Int8Blockwise(Codec):
     def _blocks(self, numel: int) -> int:
         return math.ceil(numel / self.block)
 
+    def _as_blocks(self, values: np.ndarray) -> np.ndarray:
+        """-> float32 (blocks, block), the values zero-padded to whole blocks"""
+        padded = np.zeros(self._blocks(values.size) * self.block, dtype=np.float32)
+        padded[: values.size] = values
+        return padded.reshape(-1, self.block)
+
     def _quantize(self, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """-> (float32 scale per block, int8 codes of the values, unpadded)"""
         a = _f32(x)
-        n, nb = a.size, self._blocks(a.size)
-        padded = np.zeros(nb * self.block, dtype=np.float32)
-        padded[:n] = a
-        padded = padded.reshape(nb, self.block)
+        padded = self._as_blocks(a)
         scale = (np.abs(padded).max(axis=1) / self.levels).astype(np.float32)
         safe = np.where(scale > 0, scale, 1.0).astype(np.float32)
         q = np.clip(np.rint(padded / safe[:, None]), -self.levels, self.levels).astype(np.int8)
-        return scale, q.reshape(-1)[:n]
+        return scale, q.reshape(-1)[: a.size]
 
     def _dequantize(self, scale: np.ndarray, q: np.ndarray, numel: int) -> torch.Tensor:
-        nb = self._blocks(numel)
-        padded = np.zeros(nb * self.block, dtype=np.float32)
-        padded[:numel] = q
-        return _tensor((padded.reshape(nb, self.block) * scale[:, None]).reshape(-1)[:numel])
+        return _tensor((self._as_blocks(q) * scale[:, None]).reshape(-1)[:numel])
 
     def encode(self, x):
         scale, q = self._quantize(x)
@@ -135,10 +135,7 @@ class Int8Blockwise(Codec):
         a = _f32(x)
         if a.size == 0:
             return 0.0
-        nb = self._blocks(a.size)
-        padded = np.zeros(nb * self.block, dtype=np.float32)
-        padded[: a.size] = np.abs(a)
-        return float(padded.reshape(nb, self.block).max(axis=1).max()) / (2 * self.levels) * (1 + 1e-6)
+        return float(np.abs(a).max()) / (2 * self.levels) * (1 + 1e-6)
 
 
 class Int4Blockwise(Int8Blockwise):

@@ -59,13 +59,13 @@ def main() -> int:
     dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank,
                             world_size=args.world_size, timeout=timedelta(seconds=300))
     task = build_task(cfg)
+    corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)
     torch.manual_seed(cfg.run.seed)
-    model = build_model(cfg)
+    model = build_model(cfg, corpus.byte_counts())  # the initial weights a cotrain node starts from
     ddp = DistributedDataParallel(model)
     opt_cfg = cfg.optimizer
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt_cfg.lr, betas=opt_cfg.betas,
                                   weight_decay=opt_cfg.weight_decay)
-    corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)
     share = corpus.train.size // args.world_size  # a contiguous shard per rank, as DistributedSampler would
     start = corpus.train.start + args.rank * share
     batches = task.train_data(corpus.read, start, start + share, cfg.run.seed)

@@ -66,7 +66,7 @@ def run_plain(data: str, total_sequences: int, batch_size: int = 32) -> dict:
     torch.set_flush_denormal(True)
     corpus = Corpus.from_source(data, val_fraction=cfg.data.val_fraction)
     task = build_task(cfg)
-    model = task.build_model()
+    model = task.build_model(corpus.byte_counts())  # as a node builds it from what the coordinator sends
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
     batches = StreamBatches(corpus.read, corpus.train.start, corpus.train.end, batch_size, cfg.data.seq_len)
     started, state = time.monotonic(), None

@@ -128,7 +128,7 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
                   join_limit=(cfg.coordinator.join_rate_per_s, cfg.coordinator.join_burst),
                   heartbeat_limit=(cfg.coordinator.heartbeat_rate_per_s, cfg.coordinator.heartbeat_burst),
                   unit_ranges=unit_ranges(cfg, corpus), unit_deadline_s=cfg.coordinator.unit_deadline_s,
-                  seed=cfg.run.seed)
+                  seed=cfg.run.seed, byte_counts=corpus.byte_counts() if corpus is not None else [])
     service = CoordinatorService(store, run, summary)
     fleet = None
     if options.ray_address or options.managed_nodes:

@@ -55,6 +55,9 @@ class RunInfo:
     unit_ranges: list = field(default_factory=list)
     unit_deadline_s: float = 900.0
     seed: int = 0
+    #: how often each byte value occurs in the training text (Corpus.byte_counts); nodes start their output bias
+    #: from it
+    byte_counts: list = field(default_factory=list)
 
 
 @dataclass
@@ -182,6 +185,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         spec = pb.RunSpec(run_id=self.run.run_id, config_toml=self.run.config_toml)
         if corpus is not None:
             spec.corpus_sha256, spec.train_bytes, spec.val_bytes = corpus.sha256, corpus.train.size, corpus.val.size
+            spec.byte_counts.extend(self.run.byte_counts)
         return pb.JoinResponse(
             node_id=node.node_id, session=session, run=spec,
             initial_peers=self.run.initial_peers(), heartbeat_interval_s=self.run.heartbeat_interval)

@@ -170,7 +170,7 @@ class Node:
         device = pick_device(cfg.device)
         task = build_task(cfg)
         torch.manual_seed(cfg.run.seed)  # same initial weights on every node of the run
-        model = task.build_model().to(device)
+        model = task.build_model(list(response.run.byte_counts)).to(device)
         logger.info("model %s with %d parameters on %s", cfg.model.kind, count_parameters(model), device)
 
         identity = str(opts.state_dir / "dht.key") if opts.state_dir else None

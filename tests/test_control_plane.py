@@ -67,6 +67,8 @@ def test_join_heartbeat_read_leave(stub, coordinator):
     assert len(chunk.data) == 100
     corpus_head = coordinator.cfg.data.source
     assert chunk.data == open(corpus_head, "rb").read(100)
+    text = open(corpus_head, "rb").read(r.run.train_bytes)  # the corpus is small: the counts cover all of it
+    assert list(r.run.byte_counts) == [text.count(bytes([b])) for b in range(256)]
     code, details = code_of(lambda: stub.ReadData(pb.ReadDataRequest(
         node_id=r.node_id, session=r.session, split="test", offset=0, length=10), timeout=10))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "split" in details

@@ -48,3 +48,14 @@ def test_streams_continue_across_batches_and_read_lazily():
     starts = [batches.starts[i] for i in range(4)]
     assert [int(x1[i, 0]) for i in range(4)] == [data[s] for s in starts]
     assert max(reads) <= 64  # never the whole range at once
+
+
+def test_byte_counts_cover_the_training_split_or_an_even_sample(tmp_path):
+    (tmp_path / "t.txt").write_bytes(b"ab" * 5000 + b"z" * 2000)
+    corpus = Corpus.from_source(str(tmp_path), val_fraction=0.1)
+    counts = corpus.byte_counts()
+    assert sum(counts) == corpus.train.size  # small: every training byte, none of the validation split
+    assert counts[ord("a")] == counts[ord("b")] == 5000 and counts[ord("z")] == corpus.train.size - 10_000
+    sample = corpus.byte_counts(sample_bytes=4096, chunk_bytes=1024)
+    assert sum(sample) == 4096 and sample[ord("z")] > 0  # the last chunk ends at the split's end
+    assert sample == corpus.byte_counts(sample_bytes=4096, chunk_bytes=1024)

@@ -24,7 +24,7 @@ def val_loss(cfg, state=None):
     task = build_task(cfg)
     corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction) if task.needs_corpus else None
     torch.manual_seed(cfg.run.seed)
-    model = build_model(cfg)
+    model = build_model(cfg, corpus.byte_counts() if corpus is not None else None)  # the nodes' initial weights
     if state is not None:
         model.load_state_dict(state)
     metrics = task.evaluate(model, corpus)
@@ -93,7 +93,10 @@ def test_two_nodes_train_and_average_into_one_model(model_coordinator, tmp_path)
 
     cfg = coordinator.cfg
     before, after = val_loss(cfg), val_loss(cfg, finals[0].model_state())
-    assert after < before - 0.1 * abs(before), (before, after)
+    # language models start near the text's unigram entropy (their output bias), so a few rounds gain tenths of a
+    # nat; world models start from nothing they know
+    drop = 0.1 * abs(before) if cfg.model.is_world_model else 0.1
+    assert after < before - drop, (before, after)
 
 
 def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(coordinator, tmp_path):
@@ -121,7 +124,10 @@ def test_centered_clip_keeps_a_byzantine_node_from_wrecking_the_model(tmp_path, 
         for name, tensor in finals[0].tensors.items():
             assert torch.equal(tensor, other.tensors[name]), f"{name} differs between the nodes"
     before, after = val_loss(cfg), val_loss(cfg, finals[0].model_state())
-    assert after < before - 0.1 * abs(before), (before, after)
+    # language models start near the text's unigram entropy (their output bias), so a few rounds gain tenths of a
+    # nat; world models start from nothing they know
+    drop = 0.1 * abs(before) if cfg.model.is_world_model else 0.1
+    assert after < before - drop, (before, after)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

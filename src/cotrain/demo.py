@@ -107,7 +107,7 @@ def run_demo(args) -> int:
         return 1
     ckpt = load_checkpoint(Path(checkpoint))
     torch.manual_seed(cfg.run.seed)
-    model = build_model(cfg)
+    model = build_model(cfg, corpus.byte_counts())  # the weights the swarm started from
     initial = evaluate_lm(model, corpus.read, corpus.val.start, corpus.val.end, cfg.data.seq_len, batch_size=16)
     model.load_state_dict(ckpt.model_state())
     final = evaluate_lm(model, corpus.read, corpus.val.start, corpus.val.end, cfg.data.seq_len, batch_size=16)

@@ -87,6 +87,23 @@ class Corpus:
             index += 1
         return bytes(out)
 
+    def byte_counts(self, sample_bytes: int = 16 << 20, chunk_bytes: int = 1 << 16) -> list[int]:
+        """How often each byte value 0..255 occurs in the training split: all of it up to ``sample_bytes``, else
+        that many bytes in evenly spaced chunks (deterministic, so every caller gets the same counts)."""
+        import numpy as np
+
+        counts = np.zeros(256, dtype=np.int64)
+        train = self.train
+        if train.size <= sample_bytes:
+            spans = [(offset, min(chunk_bytes, train.end - offset)) for offset in range(train.start, train.end, chunk_bytes)]
+        else:
+            n = max(1, sample_bytes // chunk_bytes)
+            stride = (train.size - chunk_bytes) / max(1, n - 1)
+            spans = [(train.start + int(i * stride), chunk_bytes) for i in range(n)]
+        for offset, length in spans:
+            counts += np.bincount(np.frombuffer(self.read(offset, length), dtype=np.uint8), minlength=256)
+        return counts.tolist()
+
     def split(self, name: str) -> Split:
         if name == "train":
             return self.train

@@ -39,8 +39,9 @@ class LanguageTask:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
 
-    def build_model(self):
-        return build_model(self.cfg)
+    def build_model(self, byte_counts=None):
+        """The run's model; ``byte_counts`` of the training text (from the coordinator) set its initial output bias."""
+        return build_model(self.cfg, byte_counts)
 
     def train_data(self, read: ReadFn, start: int, end: int, seed: int) -> LanguageTrainData:
         return LanguageTrainData(read, start, end, self.cfg.data.batch_size, self.cfg.data.seq_len)

@@ -48,8 +48,8 @@ class WorldModelTask:
         self.cfg = cfg
         self._held_out = None
 
-    def build_model(self):
-        return build_model(self.cfg)
+    def build_model(self, byte_counts=None):
+        return build_model(self.cfg)  # byte counts are for language models
 
     def train_data(self, read, start: int, end: int, seed: int) -> RolloutTrainData:
         """``seed``: the work unit's (held-out rollouts use seeds from EVAL_SEED_OFFSET on)."""

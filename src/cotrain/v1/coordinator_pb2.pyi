@@ -43,18 +43,20 @@ class JoinRequest(_message.Message):
     def __init__(self, token: _Optional[str] = ..., node_name: _Optional[str] = ..., protocol_version: _Optional[int] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class RunSpec(_message.Message):
-    __slots__ = ("run_id", "config_toml", "corpus_sha256", "train_bytes", "val_bytes")
+    __slots__ = ("run_id", "config_toml", "corpus_sha256", "train_bytes", "val_bytes", "byte_counts")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_TOML_FIELD_NUMBER: _ClassVar[int]
     CORPUS_SHA256_FIELD_NUMBER: _ClassVar[int]
     TRAIN_BYTES_FIELD_NUMBER: _ClassVar[int]
     VAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BYTE_COUNTS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     config_toml: str
     corpus_sha256: str
     train_bytes: int
     val_bytes: int
-    def __init__(self, run_id: _Optional[str] = ..., config_toml: _Optional[str] = ..., corpus_sha256: _Optional[str] = ..., train_bytes: _Optional[int] = ..., val_bytes: _Optional[int] = ...) -> None: ...
+    byte_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, run_id: _Optional[str] = ..., config_toml: _Optional[str] = ..., corpus_sha256: _Optional[str] = ..., train_bytes: _Optional[int] = ..., val_bytes: _Optional[int] = ..., byte_counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WorkUnit(_message.Message):
     __slots__ = ("epoch", "index", "start", "end", "seed", "deadline_unix")

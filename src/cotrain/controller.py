@@ -90,9 +90,12 @@ def _population_actions(policy: LinearPolicy, params: torch.Tensor, obs: torch.T
 
 @torch.no_grad()
 def dream_returns(model: nn.Module, policy: LinearPolicy, population: np.ndarray, start_obs: torch.Tensor,
-                  horizon: int) -> np.ndarray:
+                  horizon: int, temperature: float = 0.0, seed: int = 0) -> np.ndarray:
     """Mean return predicted by ``model`` over ``start_obs`` (N, obs_dim) for each of the P parameter vectors in
-    ``population`` (P, num_params). Rewards stop counting once the model predicts done with probability > 0.5."""
+    ``population`` (P, num_params): the expected return under the model's P(done), each reward weighted by the
+    probability that the episode is still running. ``temperature`` > 0 dreams draws instead of mixture means
+    (``seed`` seeds them, the same for every candidate)."""
+    generator = torch.Generator().manual_seed(seed) if temperature > 0 else None
     device = next(model.parameters()).device
     start_obs = start_obs.to(device=device, dtype=torch.float32)
     params = torch.as_tensor(np.asarray(population), dtype=torch.float32, device=device)
@@ -103,19 +106,25 @@ def dream_returns(model: nn.Module, policy: LinearPolicy, population: np.ndarray
     state = None
     for _ in range(horizon):
         action = _population_actions(policy, params, obs.reshape(p, n, -1)).reshape(p * n, -1)
-        obs, reward, done_prob, state = model.predict_next(obs, action, state)
+        obs, reward, done_prob, state = model.predict_next(obs, action, state, temperature, generator)
         total += alive * reward
-        alive = alive * (done_prob <= 0.5).float()
+        alive = alive * (1.0 - done_prob)
     return total.reshape(p, n).mean(1).cpu().numpy()
 
 
 def train_controller_in_dream(model: nn.Module, env_id: str, start_obs: torch.Tensor, horizon: int,
-                              iterations: int, popsize: int, seed: int,
-                              sigma0: float = 0.5) -> tuple[LinearPolicy, list[dict[str, float]]]:
+                              iterations: int, popsize: int, seed: int, sigma0: float = 0.5,
+                              temperature: float = 1.0) -> tuple[LinearPolicy, list[dict[str, float]]]:
     """CMA-ES on a ``LinearPolicy``, maximising the return ``model`` predicts over ``horizon`` steps from the real
     start observations ``start_obs`` (N, obs_dim). No environment step is taken (the environment is only asked for
-    its action space). Returns the best candidate found and, per iteration, the best and mean predicted return.
-    CMA-ES is seeded with ``seed + 1`` (cma treats seed 0 as "seed from the clock")."""
+    its action space). Returns CMA-ES's final mean and, per iteration, the best and mean predicted return.
+    CMA-ES is seeded with ``seed + 1`` (cma treats seed 0 as "seed from the clock").
+
+    ``temperature``: the dream draws its observations at this temperature (new draws every iteration) instead of
+    following the mixture mean (0). As Ha and Schmidhuber found, a controller trained in a noisier dream exploits
+    the model's errors less. Measured with MDN-RNNs trained 3000 steps on random rollouts (three model seeds,
+    dream horizon 50, real episodes of 200 steps): Pendulum, mean dream -1190 / -711 / -712, temperature 1
+    -797 / -731 / -711 (random -1268); CartPole, mean dream 99 / 69 / 13, temperature 1 75 / 74 / 23 (random 24)."""
     policy = LinearPolicy.for_env(env_id)
     was_training = model.training
     model.eval()
@@ -123,20 +132,20 @@ def train_controller_in_dream(model: nn.Module, env_id: str, start_obs: torch.Te
                                   {"popsize": popsize, "seed": seed + 1, "verbose": -9, "verb_log": 0,
                                    "verb_disp": 0})
     history: list[dict[str, float]] = []
-    best_params, best_return = policy.get_params(), -np.inf
+    best_return = -np.inf
     try:
         for iteration in range(iterations):
             candidates = es.ask()
-            returns = dream_returns(model, policy, np.stack(candidates), start_obs, horizon)
+            returns = dream_returns(model, policy, np.stack(candidates), start_obs, horizon, temperature,
+                                    seed=seed * 100_003 + iteration)
             es.tell(candidates, (-returns).tolist())  # cma minimises
             top = int(np.argmax(returns))
-            if returns[top] > best_return:
-                best_return, best_params = float(returns[top]), np.asarray(candidates[top])
+            best_return = max(best_return, float(returns[top]))
             history.append({"iteration": iteration, "best": float(returns[top]), "mean": float(returns.mean()),
                             "best_so_far": best_return})
     finally:
         model.train(was_training)
-    policy.set_params(best_params)
+    policy.set_params(es.result.xfavorite)
     return policy, history
 
 
@@ -147,11 +156,11 @@ def evaluate_policy(policy: LinearPolicy | None, env_id: str, episodes: int, see
 
 
 def controller_vs_random(model: nn.Module, env_id: str, horizon: int, iterations: int = 40, popsize: int = 16,
-                         episodes: int = 20, seed: int = 0) -> dict[str, float]:
+                         episodes: int = 20, seed: int = 0, temperature: float = 1.0) -> dict[str, float]:
     """Is the world model useful? Train a linear controller entirely in its dream (CMA-ES) and try it in the real
     environment next to a random policy: mean real returns over ``episodes`` episodes of up to 200 steps."""
     start = collect_rollouts(env_id, 32, 2, seed=12345 + seed).obs[:, 0]
     policy, _ = train_controller_in_dream(model, env_id, start, horizon=horizon, iterations=iterations,
-                                          popsize=popsize, seed=seed)
+                                          popsize=popsize, seed=seed, temperature=temperature)
     return {"controller_return": evaluate_policy(policy, env_id, episodes=episodes, seed=777 + seed, horizon=200),
             "random_return": evaluate_policy(None, env_id, episodes=episodes, seed=777 + seed, horizon=200)}

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from datetime import timedelta
 
@@ -29,15 +28,8 @@ from torch.nn.parallel import DistributedDataParallel
 from cotrain.config import RunConfig
 from cotrain.data import Corpus
 from cotrain.models import build_model
+from cotrain.node.runner import lr_at  # the node's schedule
 from cotrain.tasks import build_task
-
-
-def lr_at(step: int, cfg) -> float:
-    """The node's schedule: cosine from lr to min_lr over decay_steps local steps (constant when 0)."""
-    if not cfg.decay_steps:
-        return cfg.lr
-    t = min(1.0, step / cfg.decay_steps)
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t))
 
 
 def main() -> int:

@@ -64,13 +64,11 @@ def run_plain(data: str, total_sequences: int = 0, wall_s: float = 0.0, hidden_s
     ``chars``: the reference as the issue describes it, a plain character model: a vocabulary of the characters in
     the training text (65 on tinyshakespeare; unseen ones read as the first), PyTorch's default initialisation (no
     output bias from the byte frequencies). Bits per character equal bits per byte on ASCII text."""
-    import math
-
     import torch
 
     from cotrain.data import Corpus, StreamBatches
     from cotrain.evaluation import evaluate_lm
-    from cotrain.node.runner import lr_at
+    from cotrain.node.runner import cosine_lr, lr_at
     from cotrain.tasks import build_task
 
     steps = total_sequences // batch_size if total_sequences else 1 << 62
@@ -102,12 +100,8 @@ def run_plain(data: str, total_sequences: int = 0, wall_s: float = 0.0, hidden_s
             break
         x, y, new_epoch = batches.next_batch()
         state = None if new_epoch else state
-        if wall_s:
-            lr = opt.min_lr + 0.5 * (opt.lr - opt.min_lr) * (1 + math.cos(math.pi * elapsed / wall_s))
-        else:
-            lr = lr_at(step, opt)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = cosine_lr(elapsed / wall_s, opt) if wall_s else lr_at(step, opt)
         loss, state, _ = task.step(model, (x, y), state, torch.device("cpu"))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

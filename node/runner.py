@@ -439,7 +439,13 @@ def download_progress(what: str):
 
 
 def lr_at(step: int, cfg) -> float:
+    """The node's schedule: cosine from lr to min_lr over decay_steps local steps (constant when 0)."""
     if not cfg.decay_steps:
         return cfg.lr
-    t = min(1.0, step / cfg.decay_steps)
+    return cosine_lr(step / cfg.decay_steps, cfg)
+
+
+def cosine_lr(fraction: float, cfg) -> float:
+    """lr at ``fraction`` (0..1, clipped) of a cosine decay from cfg.lr to cfg.min_lr."""
+    t = min(1.0, max(0.0, fraction))
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t))

@@ -32,6 +32,15 @@ def val_loss(cfg, state=None):
     return metrics["mse"] if cfg.model.is_world_model else metrics["val_loss"]
 
 
+def assert_learned(cfg, state):
+    """The shared model's validation loss fell from the nodes' initial weights."""
+    before, after = val_loss(cfg), val_loss(cfg, state)
+    # language models start near the text's unigram entropy (their output bias), so a few rounds gain tenths of a
+    # nat; world models start from nothing they know
+    drop = 0.1 * abs(before) if cfg.model.is_world_model else 0.1
+    assert after < before - drop, (before, after)
+
+
 MODELS = {
     "lstm": {},
     "gru": {"model": {"kind": "gru"}},
@@ -91,12 +100,7 @@ def test_two_nodes_train_and_average_into_one_model(model_coordinator, tmp_path)
     for name, tensor in finals[0].tensors.items():
         assert torch.equal(tensor, finals[1].tensors[name]), f"{name} differs between the nodes"
 
-    cfg = coordinator.cfg
-    before, after = val_loss(cfg), val_loss(cfg, finals[0].model_state())
-    # language models start near the text's unigram entropy (their output bias), so a few rounds gain tenths of a
-    # nat; world models start from nothing they know
-    drop = 0.1 * abs(before) if cfg.model.is_world_model else 0.1
-    assert after < before - drop, (before, after)
+    assert_learned(coordinator.cfg, finals[0].model_state())
 
 
 def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(coordinator, tmp_path):
@@ -123,11 +127,7 @@ def test_centered_clip_keeps_a_byzantine_node_from_wrecking_the_model(tmp_path, 
     for other in finals[1:]:  # the attacker is still consistent: it applies what the group decoded
         for name, tensor in finals[0].tensors.items():
             assert torch.equal(tensor, other.tensors[name]), f"{name} differs between the nodes"
-    before, after = val_loss(cfg), val_loss(cfg, finals[0].model_state())
-    # language models start near the text's unigram entropy (their output bias), so a few rounds gain tenths of a
-    # nat; world models start from nothing they know
-    drop = 0.1 * abs(before) if cfg.model.is_world_model else 0.1
-    assert after < before - drop, (before, after)
+    assert_learned(cfg, finals[0].model_state())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

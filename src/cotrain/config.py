@@ -192,6 +192,14 @@ class CoordinatorConfig(_Section):
     #: seconds a node may hold a unit before it is reissued; size it to several times a unit's training time on
     #: the slowest node you accept (a node that stops heartbeating loses its units sooner, see lost_after_missed)
     unit_deadline_s: float = Field(900.0, gt=0.0)
+    #: seconds a data-plane credential lasts. Nodes renew it on heartbeats once half of it has passed, so the swarm
+    #: keeps averaging through a coordinator outage shorter than half of it; a node whose token is revoked is out
+    #: within it even if the revocation list never reaches its peers (it reaches them within seconds when the DHT
+    #: works). Minutes: long enough for a coordinator restart, short enough to bound a leaked credential.
+    credential_ttl_s: float = Field(300.0, ge=10.0, le=86400.0)
+    #: check every data-plane interaction (state downloads, all-reduce pieces, groups, progress records) against
+    #: the members' credentials. Off only for benches that measure what the checks cost.
+    data_plane_auth: bool = True
 
 
 class WarmStartConfig(_Section):

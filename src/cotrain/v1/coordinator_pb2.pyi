@@ -75,21 +75,53 @@ class WorkUnit(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., seed: _Optional[int] = ..., deadline_unix: _Optional[float] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("node_id", "session", "run", "initial_peers", "heartbeat_interval_s")
+    __slots__ = ("node_id", "session", "run", "initial_peers", "heartbeat_interval_s", "coordinator_public_key", "credential_ttl_s")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     INITIAL_PEERS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_TTL_S_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     session: str
     run: RunSpec
     initial_peers: _containers.RepeatedScalarFieldContainer[str]
     heartbeat_interval_s: float
-    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., run: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    coordinator_public_key: bytes
+    credential_ttl_s: float
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., run: _Optional[_Union[RunSpec, _Mapping]] = ..., initial_peers: _Optional[_Iterable[str]] = ..., heartbeat_interval_s: _Optional[float] = ..., coordinator_public_key: _Optional[bytes] = ..., credential_ttl_s: _Optional[float] = ...) -> None: ...
+
+class RegisterPeerRequest(_message.Message):
+    __slots__ = ("node_id", "session", "peer_id", "maddrs", "record_public_key", "client_mode")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    MADDRS_FIELD_NUMBER: _ClassVar[int]
+    RECORD_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_MODE_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    session: str
+    peer_id: str
+    maddrs: _containers.RepeatedScalarFieldContainer[str]
+    record_public_key: bytes
+    client_mode: bool
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., peer_id: _Optional[str] = ..., maddrs: _Optional[_Iterable[str]] = ..., record_public_key: _Optional[bytes] = ..., client_mode: _Optional[bool] = ...) -> None: ...
+
+class RegisterPeerResponse(_message.Message):
+    __slots__ = ("reachability", "reason", "credential", "revocations")
+    REACHABILITY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    REVOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    reachability: str
+    reason: str
+    credential: bytes
+    revocations: bytes
+    def __init__(self, reachability: _Optional[str] = ..., reason: _Optional[str] = ..., credential: _Optional[bytes] = ..., revocations: _Optional[bytes] = ...) -> None: ...
 
 class NodeMetrics(_message.Message):
-    __slots__ = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch", "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s", "state_bytes_sent", "state_bytes_received", "peer_id", "flagged_peers", "units_done")
+    __slots__ = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch", "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s", "state_bytes_sent", "state_bytes_received", "peer_id", "flagged_peers", "units_done", "refused", "refused_peers")
     STEP_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +140,8 @@ class NodeMetrics(_message.Message):
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     FLAGGED_PEERS_FIELD_NUMBER: _ClassVar[int]
     UNITS_DONE_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_PEERS_FIELD_NUMBER: _ClassVar[int]
     step: int
     round: int
     loss: float
@@ -126,7 +160,9 @@ class NodeMetrics(_message.Message):
     peer_id: str
     flagged_peers: _containers.RepeatedScalarFieldContainer[str]
     units_done: int
-    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_total: _Optional[int] = ..., epoch: _Optional[int] = ..., partial_rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ..., samples_local: _Optional[int] = ..., compute_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., state_bytes_sent: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., peer_id: _Optional[str] = ..., flagged_peers: _Optional[_Iterable[str]] = ..., units_done: _Optional[int] = ...) -> None: ...
+    refused: int
+    refused_peers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_total: _Optional[int] = ..., epoch: _Optional[int] = ..., partial_rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ..., samples_local: _Optional[int] = ..., compute_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., state_bytes_sent: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., peer_id: _Optional[str] = ..., flagged_peers: _Optional[_Iterable[str]] = ..., units_done: _Optional[int] = ..., refused: _Optional[int] = ..., refused_peers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "session", "metrics")
@@ -139,12 +175,16 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("command", "reason")
+    __slots__ = ("command", "reason", "credential", "revocations")
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    REVOCATIONS_FIELD_NUMBER: _ClassVar[int]
     command: Command
     reason: str
-    def __init__(self, command: _Optional[_Union[Command, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+    credential: bytes
+    revocations: bytes
+    def __init__(self, command: _Optional[_Union[Command, str]] = ..., reason: _Optional[str] = ..., credential: _Optional[bytes] = ..., revocations: _Optional[bytes] = ...) -> None: ...
 
 class GetWorkRequest(_message.Message):
     __slots__ = ("node_id", "session")
@@ -207,7 +247,7 @@ class GetSwarmHealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeHealth(_message.Message):
-    __slots__ = ("node_id", "node_name", "state", "metrics", "last_seen_unix", "joined_unix", "reason", "bytes_per_s", "units")
+    __slots__ = ("node_id", "node_name", "state", "metrics", "last_seen_unix", "joined_unix", "reason", "bytes_per_s", "units", "reachability")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +257,7 @@ class NodeHealth(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     UNITS_FIELD_NUMBER: _ClassVar[int]
+    REACHABILITY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     node_name: str
     state: str
@@ -226,7 +267,8 @@ class NodeHealth(_message.Message):
     reason: str
     bytes_per_s: float
     units: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., last_seen_unix: _Optional[float] = ..., joined_unix: _Optional[float] = ..., reason: _Optional[str] = ..., bytes_per_s: _Optional[float] = ..., units: _Optional[_Iterable[str]] = ...) -> None: ...
+    reachability: str
+    def __init__(self, node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., last_seen_unix: _Optional[float] = ..., joined_unix: _Optional[float] = ..., reason: _Optional[str] = ..., bytes_per_s: _Optional[float] = ..., units: _Optional[_Iterable[str]] = ..., reachability: _Optional[str] = ...) -> None: ...
 
 class SwarmTotals(_message.Message):
     __slots__ = ("nodes_online", "samples_per_s", "global_round", "samples_total", "bytes_sent", "bytes_received", "val_loss", "val_bpc", "val_round", "latest_checkpoint", "latest_checkpoint_round", "val_metrics", "epoch", "units_total", "units_pending", "units_in_progress", "units_done", "units_reissued", "scheduling_reason")

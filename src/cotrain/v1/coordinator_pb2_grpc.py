@@ -79,6 +79,11 @@ class CoordinatorStub:
                 request_serializer=cotrain_dot_v1_dot_coordinator__pb2.GetCheckpointRequest.SerializeToString,
                 response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.CheckpointChunk.FromString,
                 _registered_method=True)
+        self.RegisterPeer = channel.unary_unary(
+                '/cotrain.v1.Coordinator/RegisterPeer',
+                request_serializer=cotrain_dot_v1_dot_coordinator__pb2.RegisterPeerRequest.SerializeToString,
+                response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.RegisterPeerResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -151,6 +156,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterPeer(self, request, context):
+        """After its DHT peer started: the coordinator dials the node's announced addresses (to tell a volunteer behind
+        NAT that it should run in client mode) and issues the data-plane credential bound to the node's libp2p peer id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -198,6 +211,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetCheckpoint,
                     request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.GetCheckpointRequest.FromString,
                     response_serializer=cotrain_dot_v1_dot_coordinator__pb2.CheckpointChunk.SerializeToString,
+            ),
+            'RegisterPeer': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterPeer,
+                    request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.RegisterPeerRequest.FromString,
+                    response_serializer=cotrain_dot_v1_dot_coordinator__pb2.RegisterPeerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +461,33 @@ class Coordinator:
             '/cotrain.v1.Coordinator/GetCheckpoint',
             cotrain_dot_v1_dot_coordinator__pb2.GetCheckpointRequest.SerializeToString,
             cotrain_dot_v1_dot_coordinator__pb2.CheckpointChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterPeer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cotrain.v1.Coordinator/RegisterPeer',
+            cotrain_dot_v1_dot_coordinator__pb2.RegisterPeerRequest.SerializeToString,
+            cotrain_dot_v1_dot_coordinator__pb2.RegisterPeerResponse.FromString,
             options,
             channel_credentials,
             insecure,

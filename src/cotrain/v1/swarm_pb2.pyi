@@ -1,23 +1,75 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
 from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class FetchRequest(_message.Message):
-    __slots__ = ("key", "wait_s")
+    __slots__ = ("key", "wait_s", "credential")
     KEY_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     key: str
     wait_s: float
-    def __init__(self, key: _Optional[str] = ..., wait_s: _Optional[float] = ...) -> None: ...
+    credential: bytes
+    def __init__(self, key: _Optional[str] = ..., wait_s: _Optional[float] = ..., credential: _Optional[bytes] = ...) -> None: ...
 
 class FetchChunk(_message.Message):
-    __slots__ = ("data", "found", "total")
+    __slots__ = ("data", "found", "total", "refused")
     DATA_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     found: bool
     total: int
-    def __init__(self, data: _Optional[bytes] = ..., found: _Optional[bool] = ..., total: _Optional[int] = ...) -> None: ...
+    refused: str
+    def __init__(self, data: _Optional[bytes] = ..., found: _Optional[bool] = ..., total: _Optional[int] = ..., refused: _Optional[str] = ...) -> None: ...
+
+class Credential(_message.Message):
+    __slots__ = ("run_id", "node_id", "peer_id", "record_public_key", "role", "issued_unix", "expires_unix")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    RECORD_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_UNIX_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node_id: str
+    peer_id: str
+    record_public_key: bytes
+    role: str
+    issued_unix: float
+    expires_unix: float
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., record_public_key: _Optional[bytes] = ..., role: _Optional[str] = ..., issued_unix: _Optional[float] = ..., expires_unix: _Optional[float] = ...) -> None: ...
+
+class SignedCredential(_message.Message):
+    __slots__ = ("body", "signature")
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    signature: bytes
+    def __init__(self, body: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class Revocations(_message.Message):
+    __slots__ = ("run_id", "version", "issued_unix", "node_ids")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    version: int
+    issued_unix: float
+    node_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., issued_unix: _Optional[float] = ..., node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SignedRevocations(_message.Message):
+    __slots__ = ("body", "signature")
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    signature: bytes
+    def __init__(self, body: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...

@@ -2,6 +2,10 @@
 
 Each process runs in its own process group, so stopping it also stops the DHT and averager processes and the
 libp2p daemons it started. Stopping sends SIGTERM (a node leaves cleanly), waits, then kills the group.
+
+``prefix`` runs a process under a wrapper command that ends by exec'ing it, such as ``ip netns exec NAME`` (a Linux
+network namespace, for tests and benches of nodes behind NAT): the process keeps the wrapper's pid, so signals and
+the group still reach it.
 """
 
 from __future__ import annotations
@@ -21,12 +25,13 @@ class LaunchError(RuntimeError):
 
 
 class Proc:
-    def __init__(self, name: str, args: Sequence[str], log_path: Path, env: Optional[dict] = None):
+    def __init__(self, name: str, args: Sequence[str], log_path: Path, env: Optional[dict] = None,
+                 prefix: Sequence[str] = ()):
         self.name, self.log_path = name, Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-        self.popen = subprocess.Popen([sys.executable, "-m", "cotrain", *args], stdout=self._log,
+        self.popen = subprocess.Popen([*prefix, sys.executable, "-m", "cotrain", *args], stdout=self._log,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
                                       start_new_session=True)
 
@@ -92,9 +97,9 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
 
 def start_coordinator(state_dir: Path, config: Optional[Path] = None, log_path: Optional[Path] = None,
                       listen: str = "127.0.0.1:0", extra: Sequence[str] = (), timeout: float = 60.0,
-                      insecure: bool = True) -> tuple[Proc, str]:
+                      insecure: bool = True, prefix: Sequence[str] = ()) -> tuple[Proc, str]:
     """Start ``cotrain coordinator start`` (plaintext unless ``insecure`` is False and ``extra`` has the TLS
-    flags) and wait until it serves; -> (process, HOST:PORT)."""
+    flags) and wait until it serves; -> (process, HOST:PORT). ``prefix``: see :class:`Proc`."""
     state_dir = Path(state_dir)
     info = state_dir / "coordinator.json"
     info.unlink(missing_ok=True)
@@ -102,7 +107,7 @@ def start_coordinator(state_dir: Path, config: Optional[Path] = None, log_path: 
             str(state_dir), *extra]
     if config is not None:
         args += ["--config", str(config)]
-    proc = Proc("coordinator", args, log_path or state_dir / "coordinator.log")
+    proc = Proc("coordinator", args, log_path or state_dir / "coordinator.log", prefix=prefix)
     try:
         wait_for(info.exists, timeout, what="the coordinator to listen", procs=[proc])
     except LaunchError:
@@ -112,7 +117,7 @@ def start_coordinator(state_dir: Path, config: Optional[Path] = None, log_path: 
 
 
 def start_node(address: str, token: str, name: str, state_dir: Path, log_path: Optional[Path] = None,
-               extra: Sequence[str] = ()) -> Proc:
+               extra: Sequence[str] = (), prefix: Sequence[str] = ()) -> Proc:
     args = ["node", "join", address, "--token", token, "--name", name, "--insecure", "--state-dir", str(state_dir),
             *extra]
-    return Proc(name, args, log_path or Path(state_dir) / "node.log")
+    return Proc(name, args, log_path or Path(state_dir) / "node.log", prefix=prefix)

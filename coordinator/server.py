@@ -23,7 +23,7 @@ from cotrain.data import Corpus
 from cotrain.models import build_model
 from cotrain.protocol import CHANNEL_OPTIONS, parse_address
 from cotrain.warmstart import fresh_parameters, shrink_perturb
-from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
+from cotrain.v1 import coordinator_pb2 as pb
 
 from cotrain.coordinator.checkpointer import Checkpointer
 from cotrain.coordinator.evaluator import evaluator_for
@@ -31,6 +31,7 @@ from cotrain.coordinator.fleet import Fleet, ManagedNodeSpec
 from cotrain.coordinator.service import CoordinatorService, RunInfo, SwarmSummary
 from cotrain.coordinator.store import StateDirError, Store
 from cotrain.coordinator.web import WebServer
+from cotrain.coordinator.wire import add_service
 from cotrain.coordinator.workunits import plan_ranges
 
 logger = logging.getLogger(__name__)
@@ -137,7 +138,8 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
     checkpointer = Checkpointer(cfg, run_id, model, exchange, board, store, summary, evaluator_for(cfg, fleet))
 
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    pb_grpc.add_CoordinatorServicer_to_server(service, server)
+    # every RPC of the proto, with malformed requests answered INVALID_ARGUMENT before the service sees them
+    add_service(server, service, pb.DESCRIPTOR.services_by_name["Coordinator"])
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if options.insecure:

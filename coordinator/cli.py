@@ -50,7 +50,11 @@ def add_parser(subparsers) -> None:
     create = token.add_parser("create", help="create a join token and print it")
     create.add_argument("name", help="who the token is for (unique)")
     create.add_argument("--expires-in", type=float, default=0.0, help="seconds until it expires (0: never)")
-    revoke = token.add_parser("revoke", help="revoke a token: nodes can no longer join with it")
+    create.add_argument("--max-nodes", type=int, default=0,
+                        help="most nodes online at once with this token (0: no limit); one volunteer, one node: 1")
+    revoke = token.add_parser("revoke", help="revoke a token: its nodes can no longer join, their data-plane "
+                                             "credentials are revoked at once (a running coordinator applies it "
+                                             "within a second)")
     revoke.add_argument("name")
     listing = token.add_parser("list", help="list tokens (never their secrets)")
     listing.add_argument("--format", choices=("table", "json"), default="table")
@@ -95,8 +99,10 @@ def cmd_start(args) -> int:
 def cmd_token_create(args) -> int:
     if args.expires_in < 0:
         raise SystemExit("--expires-in: must be >= 0")
+    if args.max_nodes < 0:
+        raise SystemExit("--max-nodes: must be >= 0")
     expires = time.time() + args.expires_in if args.expires_in else None
-    print(Store(args.state_dir).create_token(args.name, expires))
+    print(Store(args.state_dir).create_token(args.name, expires, args.max_nodes or None))
     return 0
 
 
@@ -109,7 +115,8 @@ def cmd_token_revoke(args) -> int:
 
 def cmd_token_list(args) -> int:
     now = time.time()
-    rows = [dict(name=t.name, created=t.created, expires=t.expires, revoked=t.revoked, usable=t.usable(now)[0])
+    rows = [dict(name=t.name, created=t.created, expires=t.expires, revoked=t.revoked, usable=t.usable(now)[0],
+                 max_nodes=t.max_nodes)
             for t in Store(args.state_dir).list_tokens()]
     if args.format == "json":
         print(json.dumps(rows, indent=1))

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cotrain.averaging import Exchange, ProgressBoard, start_dht, visible_maddrs
+from cotrain.averaging import Admission, Exchange, ProgressBoard, start_dht, visible_maddrs
 from cotrain.checkpoint import atomic_write_bytes, load_checkpoint, named_state, save_checkpoint
 from cotrain.config import RunConfig
 from cotrain.data import Corpus
@@ -25,9 +26,11 @@ from cotrain.protocol import CHANNEL_OPTIONS, parse_address
 from cotrain.warmstart import fresh_parameters, shrink_perturb
 from cotrain.v1 import coordinator_pb2 as pb
 
+from cotrain.coordinator.admission import Issuer, load_or_create_key, needs_renewal
 from cotrain.coordinator.checkpointer import Checkpointer
 from cotrain.coordinator.evaluator import evaluator_for
 from cotrain.coordinator.fleet import Fleet, ManagedNodeSpec
+from cotrain.coordinator.reachability import Prober
 from cotrain.coordinator.service import CoordinatorService, RunInfo, SwarmSummary
 from cotrain.coordinator.store import StateDirError, Store
 from cotrain.coordinator.web import WebServer
@@ -35,6 +38,9 @@ from cotrain.coordinator.wire import add_service
 from cotrain.coordinator.workunits import plan_ranges
 
 logger = logging.getLogger(__name__)
+
+#: seconds the revocation list lives on the DHT; the coordinator stores it again every quarter of that
+REVOCATIONS_TTL_S = 60.0
 
 
 @dataclass
@@ -121,8 +127,21 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
                     identity_path=str(options.state_dir / "dht.key"), announce=options.dht_announce)
     torch.manual_seed(cfg.run.seed)
     model = build_model(cfg)
-    exchange = Exchange(dht, f"{run_id}_exchange")
-    board = ProgressBoard(dht, run_id, ttl=3 * cfg.averaging.progress_interval + 1.0)
+    issuer = Issuer(load_or_create_key(options.state_dir), run_id, cfg.coordinator.credential_ttl_s, store.get_meta,
+                    store.set_meta, time.time)
+    # the coordinator is a member of its own run on the data plane: the checkpointer downloads the shared state
+    admission = Admission(run_id, issuer.key.public_key(), enabled=cfg.coordinator.data_plane_auth)
+    admission.apply_revocations(issuer.signed_revocations)
+    exchange = Exchange(dht, f"{run_id}_exchange", admission)
+    board = ProgressBoard(dht, run_id, ttl=3 * cfg.averaging.progress_interval + 1.0, admission=admission)
+    own_credential = lambda: issuer.issue("coordinator", str(dht.peer_id), board.record_public_key,  # noqa: E731
+                                          role="coordinator")
+    admission.set_credential(own_credential())
+
+    def publish_revocations(signed: bytes) -> None:
+        admission.apply_revocations(signed)
+        board.sync_validator()
+        board.publish_revocations(signed, ttl=REVOCATIONS_TTL_S)
     summary = SwarmSummary()
     run = RunInfo(run_id, cfg.to_toml(), corpus, cfg.coordinator.heartbeat_interval_s,
                   cfg.coordinator.lost_after_missed, initial_peers=lambda: visible_maddrs(dht),
@@ -130,7 +149,8 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
                   heartbeat_limit=(cfg.coordinator.heartbeat_rate_per_s, cfg.coordinator.heartbeat_burst),
                   unit_ranges=unit_ranges(cfg, corpus), unit_deadline_s=cfg.coordinator.unit_deadline_s,
                   seed=cfg.run.seed, byte_counts=corpus.byte_counts() if corpus is not None else [])
-    service = CoordinatorService(store, run, summary)
+    prober = Prober()
+    service = CoordinatorService(store, run, summary, issuer, prober, publish_revocations)
     fleet = None
     if options.ray_address or options.managed_nodes:
         fleet = Fleet(options.ray_address, num_cpus=max(os.cpu_count() or 1,
@@ -161,6 +181,27 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
     async def snapshot():
         return service.health()
 
+    async def admission_tick():
+        """Every second: apply the operator's token revocations; keep the revocation list on the DHT and the
+        coordinator's own credential fresh."""
+        issued, published = time.time(), 0.0
+        while True:
+            try:
+                now = time.time()
+                if service.apply_revocations():  # published on the DHT by the service already
+                    published = now
+                elif now - published >= REVOCATIONS_TTL_S / 4:
+                    board.publish_revocations(issuer.signed_revocations, ttl=REVOCATIONS_TTL_S)
+                    published = now
+                if needs_renewal(issued, now, issuer.ttl):
+                    admission.set_credential(own_credential())
+                    issued = now
+            except Exception as e:  # noqa: BLE001 - a busy store or DHT: the next tick tries again
+                logger.warning("admission tick: %r", e)
+            await asyncio.sleep(1.0)
+
+    ticker = asyncio.ensure_future(admission_tick())
+
     web, managed_token = None, None
     try:
         if options.http_port is not None:
@@ -190,6 +231,8 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
         await stop.wait()
     finally:
         logger.info("coordinator shutting down")
+        ticker.cancel()
+        await prober.shutdown()
         if web is not None:
             web.stop()
         if fleet is not None:  # while the gRPC server still answers: managed nodes leave cleanly

@@ -23,11 +23,13 @@ from cotrain.protocol import MAX_READ_BYTES, PROTOCOL_VERSION, SUPPORTED_PROTOCO
 from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
 
+from cotrain.coordinator.admission import Issuer, needs_renewal, nodes_to_revoke
 from cotrain.coordinator.membership import NodeView, active_nodes, node_state, swarm_alerts
+from cotrain.coordinator.reachability import InvalidPeer, Prober, parse_peer, reachability_decision
 from cotrain.coordinator.workunits import (SchedulingRules, Unit, complete_unit, current_epoch, finished_epochs,
                                            held_by, issue_unit, reclaim_units, unit_counts)
 from cotrain.coordinator.ratelimit import RateLimiter, peer_address
-from cotrain.coordinator.store import NodeRecord, Store, hash_secret
+from cotrain.coordinator.store import NodeRecord, PeerRecord, Store, hash_secret
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +38,9 @@ CHECKPOINT_CHUNK = 1 << 20
 MAX_TOKEN_LEN = 256
 METRIC_FIELDS = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch",
                  "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s", "state_bytes_sent",
-                 "state_bytes_received", "peer_id", "units_done")
+                 "state_bytes_received", "peer_id", "units_done", "refused")
+#: a member's progress-record key (hivemind's RSA public key, DER) is about 300 bytes
+MAX_RECORD_KEY_BYTES = 2048
 #: how long a node waits before asking again when no work unit is free
 RETRY_WORK_S = 2.0
 
@@ -87,15 +91,29 @@ def _metrics_dict(m: pb.NodeMetrics) -> dict:
     out = {name: getattr(m, name) for name in METRIC_FIELDS}
     if len(out["peer_id"]) > 128 or len(m.flagged_peers) > 64 or any(len(p) > 128 for p in m.flagged_peers):
         raise InvalidField("metrics.peer_id / metrics.flagged_peers: too long")
+    if len(m.refused_peers) > 64 or any(len(p) > 128 for p in m.refused_peers):
+        raise InvalidField("metrics.refused_peers: at most 64 peer ids of at most 128 characters")
     out["flagged_peers"] = list(m.flagged_peers)
+    out["refused_peers"] = list(m.refused_peers)
     if not math.isfinite(out["samples_per_s"]) or out["samples_per_s"] < 0:
         raise InvalidField(f"metrics.samples_per_s: must be finite and >= 0, got {out['samples_per_s']}")
     return out
 
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
-    def __init__(self, store: Store, run: RunInfo, summary: SwarmSummary, clock: Callable[[], float] = time.time):
+    """``issuer`` signs the members' data-plane credentials; ``prober`` dials nodes to learn whether peers can;
+    ``publish_revocations(signed)`` puts a new revocation list on the DHT."""
+
+    def __init__(self, store: Store, run: RunInfo, summary: SwarmSummary, issuer: Issuer, prober: Prober,
+                 publish_revocations: Callable[[bytes], None] = lambda signed: None,
+                 clock: Callable[[], float] = time.time):
         self.store, self.run, self.summary, self.clock = store, run, summary, clock
+        self.issuer, self.prober, self.publish_revocations = issuer, prober, publish_revocations
+        self.peers: dict[str, PeerRecord] = store.load_peers()
+        #: node -> when its current credential was issued (unknown after a restart: renewed on the next heartbeat)
+        self.issued: dict[str, float] = {}
+        #: node -> the revocation list version it was last sent
+        self.revocations_sent: dict[str, int] = {}
         self.nodes: dict[str, NodeRecord] = {n.node_id: n for n in store.load_nodes()}
         self.rates: dict[str, tuple[float, int, float]] = {}  # node -> (time, bytes_sent, bytes/s) at last heartbeat
         self.join_limiter = RateLimiter(*run.join_limit)
@@ -171,6 +189,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         capabilities = dict(cpus=caps.cpus, gpus=caps.gpus, memory_bytes=caps.memory_bytes,
                             bandwidth_bps=caps.bandwidth_bps)
         previous = self.nodes.get(request.node_id) if request.node_id else None
+        if record.max_nodes is not None:
+            online = [v for v in active_nodes(now, self._views(), self.run.heartbeat_interval,
+                                              self.run.lost_after_missed)
+                      if self.nodes[v.node_id].token_name == record.name and v.node_id != request.node_id]
+            if len(online) >= record.max_nodes:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                    f"token: {record.name!r} allows {record.max_nodes} node(s) online at once and "
+                                    f"has {len(online)}; stop one of them first")
         if previous is not None and previous.token_name == record.name:
             node = previous
             node.session_hash, node.last_seen, node.left, node.capabilities = hash_secret(session), now, False, capabilities
@@ -188,7 +214,45 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             spec.byte_counts.extend(self.run.byte_counts)
         return pb.JoinResponse(
             node_id=node.node_id, session=session, run=spec,
-            initial_peers=self.run.initial_peers(), heartbeat_interval_s=self.run.heartbeat_interval)
+            initial_peers=self.run.initial_peers(), heartbeat_interval_s=self.run.heartbeat_interval,
+            coordinator_public_key=self.issuer.public_key, credential_ttl_s=self.issuer.ttl)
+
+    async def RegisterPeer(self, request: pb.RegisterPeerRequest, context) -> pb.RegisterPeerResponse:
+        node = await self._session(request.node_id, request.session, context)
+        if node.left or node.token_name in self._revoked_tokens():
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this node left or its token was revoked")
+        try:
+            peer, maddrs = parse_peer(request.peer_id, list(request.maddrs))
+            if not request.record_public_key or len(request.record_public_key) > MAX_RECORD_KEY_BYTES:
+                raise InvalidField(f"record_public_key: 1..{MAX_RECORD_KEY_BYTES} bytes")
+        except (InvalidPeer, InvalidField) as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        dialled, how = (None, "") if request.client_mode else await self.prober.dial(peer, maddrs)
+        reachability, reason = reachability_decision(request.client_mode, dialled, how)
+        record = PeerRecord(request.peer_id, bytes(request.record_public_key), reachability)
+        self.store.save_peer(node.node_id, record)
+        self.peers[node.node_id] = record
+        self.issued[node.node_id] = self.clock()
+        self.revocations_sent[node.node_id] = self.issuer.version
+        logger.info("node %s (%s): peer ...%s is %s: %s", node.name, node.node_id[:8], request.peer_id[-8:],
+                    reachability, reason)
+        return pb.RegisterPeerResponse(
+            reachability=reachability, reason=reason,
+            credential=self.issuer.issue(node.node_id, request.peer_id, record.record_key),
+            revocations=self.issuer.signed_revocations)
+
+    # ---- revocation ----------------------------------------------------------------------------------------------
+    def _revoked_tokens(self) -> set[str]:
+        return self.store.revoked_token_names()
+
+    def apply_revocations(self) -> bool:
+        """Revoke the credentials of every node whose token was revoked (the operator's ``token revoke`` writes
+        the store; the server calls this every second). True when the revocation list changed."""
+        revoked = nodes_to_revoke(self._revoked_tokens(), ((n.node_id, n.token_name) for n in self.nodes.values()))
+        if not self.issuer.revoke(revoked):
+            return False
+        self.publish_revocations(self.issuer.signed_revocations)
+        return True
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
         await self._rate_limit(self.heartbeat_limiter, "Heartbeat", context)
@@ -215,7 +279,18 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.store.record_heartbeat(node)
         if node.left:
             return pb.HeartbeatResponse(command=pb.DRAIN, reason="this node left the swarm; join again")
-        return pb.HeartbeatResponse(command=pb.CONTINUE, reason="ok")
+        if node.node_id in self.issuer.revoked:
+            return pb.HeartbeatResponse(command=pb.DRAIN, reason="this node's token was revoked",
+                                        revocations=self.issuer.signed_revocations)
+        response = pb.HeartbeatResponse(command=pb.CONTINUE, reason="ok")
+        peer = self.peers.get(node.node_id)
+        if peer is not None and needs_renewal(self.issued.get(node.node_id, 0.0), now, self.issuer.ttl):
+            response.credential = self.issuer.issue(node.node_id, peer.peer_id, peer.record_key)
+            self.issued[node.node_id] = now
+        if self.revocations_sent.get(node.node_id, -1) < self.issuer.version:
+            response.revocations = self.issuer.signed_revocations
+            self.revocations_sent[node.node_id] = self.issuer.version
+        return response
 
     async def Leave(self, request: pb.LeaveRequest, context) -> pb.LeaveResponse:
         node = await self._session(request.node_id, request.session, context)
@@ -317,12 +392,15 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             state, reason = node_state(now, view, views, self.run.heartbeat_interval, self.run.lost_after_missed)
             states.append((view, state, reason))
             m = pb.NodeMetrics(**{k: v for k, v in node.metrics.items() if k in METRIC_FIELDS},
-                               flagged_peers=node.metrics.get("flagged_peers", []))
+                               flagged_peers=node.metrics.get("flagged_peers", []),
+                               refused_peers=node.metrics.get("refused_peers", []))
             rows.append(pb.NodeHealth(node_id=node.node_id, node_name=node.name, state=state, metrics=m,
                                       last_seen_unix=node.last_seen, joined_unix=node.joined, reason=reason,
                                       bytes_per_s=self.rates.get(node.node_id, (0, 0, 0.0))[2]
                                       if state in ("healthy", "straggler") else 0.0,
-                                      units=[u.name for u in held_by(self.units, node.node_id)]))
+                                      units=[u.name for u in held_by(self.units, node.node_id)],
+                                      reachability=self.peers[node.node_id].reachability
+                                      if node.node_id in self.peers else ""))
             if state in ("healthy", "straggler"):
                 totals.nodes_online += 1
                 totals.samples_per_s += m.samples_per_s
@@ -330,7 +408,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             totals.samples_total = max(totals.samples_total, m.samples_total)
             totals.bytes_sent += m.bytes_sent
             totals.bytes_received += m.bytes_received
-        alerts = swarm_alerts(states) + self._flag_alerts()
+        alerts = swarm_alerts(states) + self._flag_alerts() + self._refusal_alerts()
         return pb.SwarmHealth(run_id=self.run.run_id, nodes=rows, totals=totals, alerts=alerts, now_unix=now)
 
     def _flag_alerts(self) -> list[str]:
@@ -342,3 +420,15 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 flagged[peer] = flagged.get(peer, 0) + 1
         return [f"{by_peer.get(peer, 'peer ' + peer[-8:])}: sent non-finite or malformed updates; dropped by "
                 f"{count} peer(s)" for peer, count in sorted(flagged.items())]
+
+    def _refusal_alerts(self) -> list[str]:
+        """Peers that members refused on the data plane (no valid credential: strangers, revoked or expired)."""
+        by_peer = {p.peer_id: self.nodes[n].name for n, p in self.peers.items() if n in self.nodes}
+        refused: dict[str, int] = {}
+        for node in self.nodes.values():
+            if node.left:
+                continue
+            for peer in node.metrics.get("refused_peers", []):
+                refused[peer] = refused.get(peer, 0) + 1
+        return [f"{by_peer[peer] + ' (revoked or expired)' if peer in by_peer else 'unknown peer ...' + peer[-8:]}: "
+                f"refused on the data plane by {count} member(s)" for peer, count in sorted(refused.items())]

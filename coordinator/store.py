@@ -45,6 +45,9 @@ CREATE TABLE IF NOT EXISTS units (
     epoch INTEGER NOT NULL, idx INTEGER NOT NULL, start INTEGER NOT NULL, end INTEGER NOT NULL, state TEXT NOT NULL,
     holder TEXT NOT NULL, deadline REAL NOT NULL, attempts INTEGER NOT NULL, PRIMARY KEY (epoch, idx)
 );
+CREATE TABLE IF NOT EXISTS peers (
+    node_id TEXT PRIMARY KEY, peer_id TEXT NOT NULL, record_key BLOB NOT NULL, reachability TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS evals (
     time REAL NOT NULL, round INTEGER NOT NULL, val_loss REAL NOT NULL, val_bpc REAL NOT NULL, metrics TEXT NOT NULL
 );
@@ -75,11 +78,22 @@ class NodeRecord:
 
 
 @dataclass(frozen=True)
+class PeerRecord:
+    """A member's data-plane identity, as it registered it: what its credentials are bound to."""
+
+    peer_id: str
+    record_key: bytes
+    reachability: str
+
+
+@dataclass(frozen=True)
 class TokenRecord:
     name: str
     created: float
     expires: Optional[float]
     revoked: bool
+    #: most nodes of this token online at once (None: no limit)
+    max_nodes: Optional[int] = None
 
     def usable(self, now: float) -> tuple[bool, str]:
         if self.revoked:
@@ -106,6 +120,9 @@ class Store:
         self._closing = threading.Event()
         with self._conn() as conn:
             conn.executescript(SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(tokens)")}
+            if "max_nodes" not in columns:  # a state dir from before token limits
+                conn.execute("ALTER TABLE tokens ADD COLUMN max_nodes INTEGER")
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -140,12 +157,12 @@ class Store:
             conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
 
     # ---- tokens --------------------------------------------------------------------------------------------------
-    def create_token(self, name: str, expires: Optional[float] = None) -> str:
+    def create_token(self, name: str, expires: Optional[float] = None, max_nodes: Optional[int] = None) -> str:
         token = TOKEN_PREFIX + secrets.token_urlsafe(24)
         try:
             with self._conn() as conn:
-                conn.execute("INSERT INTO tokens (name, hash, created, expires, revoked) VALUES (?, ?, ?, ?, 0)",
-                             (name, hash_secret(token), time.time(), expires))
+                conn.execute("INSERT INTO tokens (name, hash, created, expires, revoked, max_nodes) "
+                             "VALUES (?, ?, ?, ?, 0, ?)", (name, hash_secret(token), time.time(), expires, max_nodes))
         except sqlite3.IntegrityError:
             raise ValueError(f"a token named {name!r} exists already; revoke it or pick another name") from None
         return token
@@ -155,13 +172,28 @@ class Store:
             return conn.execute("UPDATE tokens SET revoked = 1 WHERE name = ?", (name,)).rowcount > 0
 
     def list_tokens(self) -> list[TokenRecord]:
-        rows = self._conn().execute("SELECT name, created, expires, revoked FROM tokens ORDER BY created").fetchall()
-        return [TokenRecord(name, created, expires, bool(revoked)) for name, created, expires, revoked in rows]
+        rows = self._conn().execute("SELECT name, created, expires, revoked, max_nodes FROM tokens "
+                                    "ORDER BY created").fetchall()
+        return [TokenRecord(name, created, expires, bool(revoked), max_nodes)
+                for name, created, expires, revoked, max_nodes in rows]
 
     def find_token(self, token: str) -> Optional[TokenRecord]:
-        row = self._conn().execute("SELECT name, created, expires, revoked FROM tokens WHERE hash = ?",
+        row = self._conn().execute("SELECT name, created, expires, revoked, max_nodes FROM tokens WHERE hash = ?",
                                    (hash_secret(token),)).fetchone()
-        return TokenRecord(row[0], row[1], row[2], bool(row[3])) if row else None
+        return TokenRecord(row[0], row[1], row[2], bool(row[3]), row[4]) if row else None
+
+    def revoked_token_names(self) -> set[str]:
+        return {row[0] for row in self._conn().execute("SELECT name FROM tokens WHERE revoked = 1")}
+
+    # ---- members' data-plane identities --------------------------------------------------------------------------
+    def save_peer(self, node_id: str, peer: PeerRecord) -> None:
+        with self._write_lock, self._conn() as conn:
+            conn.execute("INSERT OR REPLACE INTO peers (node_id, peer_id, record_key, reachability) VALUES (?, ?, ?, ?)",
+                         (node_id, peer.peer_id, peer.record_key, peer.reachability))
+
+    def load_peers(self) -> dict[str, PeerRecord]:
+        rows = self._conn().execute("SELECT node_id, peer_id, record_key, reachability FROM peers").fetchall()
+        return {r[0]: PeerRecord(r[1], bytes(r[2]), r[3]) for r in rows}
 
     # ---- nodes ---------------------------------------------------------------------------------------------------
     def save_node(self, node: NodeRecord) -> None:

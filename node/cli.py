@@ -28,7 +28,7 @@ OPTIONS = {
     "max_steps": (int, 0), "max_rounds": (int, 0), "duration": (float, 0.0), "threads": (int, 0),
     "wait_peers": (int, 0), "dht_host": (str, "127.0.0.1"), "dht_announce": (str, ""), "client_mode": (bool, False),
     "max_cpus": (int, 0), "max_memory": (str, ""), "max_upload_mbps": (float, 0.0), "only_when_idle": (bool, False),
-    "ca": (str, None), "insecure": (bool, False), "attack": (str, ""),
+    "ca": (str, None), "insecure": (bool, False), "attack": (str, ""), "assume_public": (bool, False),
 }
 
 
@@ -64,6 +64,7 @@ def add_parser(subparsers) -> None:
                       help="address to tell peers instead of the listening one (a public address)")
     join.add_argument("--client-mode", action="store_true", default=S,
                       help="make outgoing DHT connections only (behind NAT; cannot serve state to others)")
+    join.add_argument("--assume-public", action="store_true", default=S, help=argparse.SUPPRESS)  # benches only
     join.add_argument("--attack", default=S, choices=ATTACKS,
                       help="for benches and tests of robust aggregation only: this node sends corrupted updates")
     limits = join.add_argument_group("your limits")
@@ -134,7 +135,7 @@ def cmd_join(args) -> int:
                      max_steps=o["max_steps"], max_rounds=o["max_rounds"], wait_peers=o["wait_peers"],
                      duration=o["duration"], threads=o["threads"], dht_host=o["dht_host"],
                      dht_announce=(o["dht_announce"],) if o["dht_announce"] else (),
-                     client_mode=o["client_mode"], max_cpus=o["max_cpus"], max_memory=o["max_memory"],
+                     client_mode=o["client_mode"], assume_public=o["assume_public"], max_cpus=o["max_cpus"], max_memory=o["max_memory"],
                      max_upload_mbps=o["max_upload_mbps"], only_when_idle=o["only_when_idle"],
                      attack=o["attack"])).run()
     return 0

@@ -131,6 +131,15 @@ class CoordinatorClient:
         self.node_id, self.session = response.node_id, response.session
         return response
 
+    def register_peer(self, peer_id: str, maddrs: list[str], record_public_key: bytes, client_mode: bool,
+                      give_up_after: float = 60.0) -> pb.RegisterPeerResponse:
+        """Tell the coordinator this node's DHT peer; it dials it (unless ``client_mode``) and issues the node's
+        data-plane credential. The dial takes up to a few seconds, hence the longer timeout."""
+        request = pb.RegisterPeerRequest(node_id=self.node_id, session=self.session, peer_id=peer_id, maddrs=maddrs,
+                                         record_public_key=record_public_key, client_mode=client_mode)
+        return self._retry(lambda: self.stub.RegisterPeer(request, timeout=self.rpc_timeout + 10.0), "register peer",
+                           give_up_after)
+
     def heartbeat(self, metrics: pb.NodeMetrics) -> pb.HeartbeatResponse:
         """One heartbeat on this node's heartbeat stream (opened on first use, and again after it broke); raises
         grpc.RpcError when the coordinator does not answer within ``rpc_timeout``."""

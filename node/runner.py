@@ -22,11 +22,13 @@ from typing import Optional
 
 import torch
 
-from cotrain.averaging import RoundAverager, build_strategy, load_record_key, start_dht
+from cotrain.averaging import Admission, RoundAverager, build_strategy, load_record_key, start_dht, visible_maddrs
+from cotrain.averaging.admission import AdmissionError, public_key_from_bytes
 from cotrain.checkpoint import (CheckpointError, atomic_write_bytes, decode_checkpoint, load_checkpoint, named_state,
                                 save_checkpoint)
 from cotrain.config import RunConfig
 from cotrain.models import count_parameters
+from cotrain.protocol import DIAL_OUT_ONLY
 from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
@@ -56,6 +58,8 @@ class NodeOptions:
     dht_host: str = "127.0.0.1"
     dht_announce: tuple = ()
     client_mode: bool = False
+    #: announce the DHT address even when the coordinator cannot dial it (benches of what that costs the swarm)
+    assume_public: bool = False
     log_every_s: float = 10.0
     #: a volunteer's limits (0 / False: none); see cotrain.node.limits
     max_cpus: int = 0
@@ -115,6 +119,7 @@ class Node:
         self.work = WorkQueue(self.client, self.stop)
         self.paused = False
         self.averaging: Optional[RoundAverager] = None
+        self.admission: Optional[Admission] = None
 
     # ---- identity ------------------------------------------------------------------------------------------------
     def _identity_file(self) -> Optional[Path]:
@@ -128,6 +133,22 @@ class Node:
             except (OSError, ValueError):
                 return ""
         return ""
+
+    def _keep_coordinator_key(self, public_key: bytes) -> None:
+        """Keep the coordinator's public key in the state dir (per coordinator address); a changed key is logged,
+        since it means the coordinator lost its state dir or is another one."""
+        if not self.options.state_dir:
+            return
+        path = self.options.state_dir / "coordinator-keys.json"
+        saved = json.loads(path.read_text()) if path.exists() else {}
+        previous = saved.get(self.options.coordinator)
+        if previous == public_key.hex():
+            return
+        if previous is not None:
+            logger.warning("the coordinator at %s signs with another key than last time: it lost its state dir or is "
+                           "another coordinator", self.options.coordinator)
+        saved[self.options.coordinator] = public_key.hex()
+        atomic_write_bytes(path, json.dumps(saved).encode())
 
     def _save_node_id(self, node_id: str) -> None:
         path = self._identity_file()
@@ -173,21 +194,26 @@ class Node:
         model = task.build_model(list(response.run.byte_counts)).to(device)
         logger.info("model %s with %d parameters on %s", cfg.model.kind, count_parameters(model), device)
 
-        identity = str(opts.state_dir / "dht.key") if opts.state_dir else None
         if opts.state_dir:
             opts.state_dir.mkdir(parents=True, exist_ok=True)
-        dht = start_dht(response.initial_peers, host=opts.dht_host, client_mode=opts.client_mode,
-                        identity_path=identity, announce=opts.dht_announce)
+        try:
+            self.admission = Admission(response.run.run_id, public_key_from_bytes(response.coordinator_public_key),
+                                       enabled=cfg.coordinator.data_plane_auth)
+        except AdmissionError as e:
+            raise SystemExit(f"the coordinator's JoinResponse: {e}") from None
+        self._keep_coordinator_key(response.coordinator_public_key)
+        record_key = load_record_key(opts.state_dir / "records.key" if opts.state_dir else None)
+        dht, client_mode = self._start_data_plane(response, record_key)
         heartbeat = threading.Thread(target=self._heartbeat_loop, args=(response.heartbeat_interval_s,),
                                      name="heartbeat", daemon=True)
         opt_cfg = cfg.optimizer
         optimizer = torch.optim.AdamW(model.parameters(), lr=opt_cfg.lr, betas=opt_cfg.betas,
                                       weight_decay=opt_cfg.weight_decay)
         try:
-            record_key = load_record_key(opts.state_dir / "records.key" if opts.state_dir else None)
             self.averaging = build_strategy(model, optimizer, dht, response.run.run_id, cfg, peer_id=str(dht.peer_id),
-                                            client_mode=opts.client_mode, upload_bps=opts.max_upload_mbps * 1e6,
-                                            record_key=record_key, attack=opts.attack)
+                                            admission=self.admission, client_mode=client_mode,
+                                            upload_bps=opts.max_upload_mbps * 1e6, record_key=record_key,
+                                            attack=opts.attack)
             if opts.attack:
                 logger.warning("BYZANTINE: this node sends %s-corrupted updates (--attack)", opts.attack)
             self._install_signal_handlers()  # hivemind may have replaced them
@@ -211,6 +237,34 @@ class Node:
                 self.averaging.shutdown()  # the averager before the DHT
             dht.shutdown()
             self.client.close()
+
+    def _start_data_plane(self, response: pb.JoinResponse, record_key):
+        """Start the DHT peer and register it: the coordinator dials it and issues this node's credential. A node
+        the coordinator cannot dial (behind NAT) restarts its DHT peer in client mode, so that its peers do not
+        waste their rounds dialling an address nobody can reach. -> (DHT, client mode)."""
+        opts = self.options
+        identity = str(opts.state_dir / "dht.key") if opts.state_dir else None
+        record_public = record_key.get_public_key().to_bytes()
+        client_mode = opts.client_mode
+        while True:
+            dht = start_dht(response.initial_peers, host=opts.dht_host, client_mode=client_mode,
+                            identity_path=identity, announce=opts.dht_announce)
+            try:
+                reply = self.client.register_peer(str(dht.peer_id), visible_maddrs(dht), record_public, client_mode)
+            except BaseException:
+                dht.shutdown()
+                raise
+            if reply.reachability == DIAL_OUT_ONLY and not client_mode and not opts.assume_public:
+                logger.warning("%s; restarting the DHT peer in client mode", reply.reason)
+                dht.shutdown()
+                client_mode = True
+                continue
+            break
+        self.reachability = reply.reachability
+        logger.info("DHT peer %s is %s: %s", str(dht.peer_id)[-8:], reply.reachability, reply.reason)
+        self.admission.set_credential(reply.credential)
+        self.admission.apply_revocations(reply.revocations)
+        return dht, client_mode
 
     def _warm_start(self, run_id: str) -> None:
         """Never random weights in a run that has progress: the state of the peer with the most progress, else
@@ -373,7 +427,9 @@ class Node:
                                   wall_s=time.monotonic() - m.started,
                                   state_bytes_sent=a.exchange.state_bytes_sent,
                                   state_bytes_received=a.exchange.state_bytes_received, peer_id=a.peer_id,
-                                  flagged_peers=sorted(a.stats.flagged)[:32], units_done=self.work.units_done)
+                                  flagged_peers=sorted(a.stats.flagged)[:32], units_done=self.work.units_done,
+                                  refused=self.admission.refused,
+                                  refused_peers=sorted(self.admission.refused_peers)[:32])
 
     def _heartbeat_loop(self, interval: float) -> None:
         unreachable_since = None
@@ -392,6 +448,9 @@ class Node:
             if unreachable_since is not None:
                 logger.info("coordinator reachable again after %.0fs", time.monotonic() - unreachable_since)
                 unreachable_since = None
+            self.admission.set_credential(response.credential)
+            if self.admission.apply_revocations(response.revocations) and self.averaging is not None:
+                self.averaging.board.sync_validator()
             if response.command == pb.DRAIN:
                 self.request_stop(f"coordinator asked to drain: {response.reason}")
 

@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from cotrain.averaging import AllReduceFailed, Exchange, butterfly_allreduce, start_dht
+from cotrain.averaging import Admission, AllReduceFailed, Exchange, butterfly_allreduce, start_dht
 from cotrain.compression import Int4Blockwise, Int8Blockwise, NoCompression
 
 pytestmark = pytest.mark.swarm
@@ -18,7 +18,7 @@ def peers(tmp_path_factory):
     first = start_dht(identity_path=str(keys / "0.key"))
     dhts = [first] + [start_dht([str(m) for m in first.get_visible_maddrs()], identity_path=str(keys / f"{i}.key"))
                       for i in (1, 2)]
-    exchanges = [Exchange(d, "test_exchange") for d in dhts]
+    exchanges = [Exchange(d, "test_exchange", Admission("test", None, enabled=False)) for d in dhts]
     yield exchanges
     for e in exchanges:
         e.shutdown()

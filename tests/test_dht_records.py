@@ -6,9 +6,20 @@ import time
 import pytest
 from hivemind.utils import get_dht_time
 
-from cotrain.averaging import PeerProgress, ProgressBoard, load_record_key, start_dht
+from cotrain.averaging import Admission, PeerProgress, ProgressBoard, load_record_key, start_dht
+from cotrain.averaging.admission import issue_credential, new_private_key
 
 RUN = "records-test"
+
+
+def member_board(dht, key_path, coordinator_key):
+    """A board whose peer holds a credential of ``coordinator_key`` for its peer id and record key."""
+    admission = Admission(RUN, coordinator_key.public_key())
+    board = ProgressBoard(dht, RUN, ttl=60, admission=admission, private_key=load_record_key(key_path))
+    admission.set_credential(issue_credential(coordinator_key, run_id=RUN, node_id=key_path.stem,
+                                              peer_id=str(dht.peer_id), record_public_key=board.record_public_key,
+                                              role="node", now=time.time(), ttl=600))
+    return board
 
 
 def _read_until(board, predicate, timeout=20.0):
@@ -33,17 +44,21 @@ def test_progress_records_are_signed_and_validated(tmp_path):
     a = start_dht(identity_path=str(tmp_path / "a.key"))
     b = start_dht([str(m) for m in a.get_visible_maddrs()], identity_path=str(tmp_path / "b.key"))
     try:
-        board_a = ProgressBoard(a, RUN, ttl=60, private_key=load_record_key(tmp_path / "a.rsa"))
-        board_b = ProgressBoard(b, RUN, ttl=60, private_key=load_record_key(tmp_path / "b.rsa"))
+        coordinator_key = new_private_key()
+        board_a = member_board(a, tmp_path / "a.rsa", coordinator_key)
+        board_b = member_board(b, tmp_path / "b.rsa", coordinator_key)
         alice, bob = str(a.peer_id), str(b.peer_id)
         board_a.publish(PeerProgress(alice, round=7, steps=3, samples=96))
         board_b.publish(PeerProgress(bob, round=7, steps=1, samples=32))
         peers = _read_until(board_b, lambda ps: {p.peer_id for p in ps} == {alice, bob})
         assert {p.peer_id: p.round for p in peers} == {alice: 7, bob: 7}
 
-        forged = dict(round=999, steps=0, samples=0, phase="train", mid_round=False, time=float(get_dht_time()))
+        forged = dict(round=999, steps=0, samples=0, phase="train", mid_round=False, time=float(get_dht_time()),
+                      cred=board_b.admission.credential())
         expires = get_dht_time() + 60
-        # bob writes under alice's subkey: unsigned by alice's key, refused
+        # bob writes under alice's subkey, even with alice's own credential: unsigned by alice's key, refused
+        assert not b.store(board_a.key, subkey=board_a.subkey(alice), value=dict(forged, cred=board_a.admission.credential()),
+                           expiration_time=expires)
         assert not b.store(board_a.key, subkey=board_a.subkey(alice), value=forged, expiration_time=expires)
         # a subkey without an owner's public key: refused by the schema
         assert not b.store(board_a.key, subkey=alice.encode(), value=forged, expiration_time=expires)

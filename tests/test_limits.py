@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from cotrain.averaging import Exchange, UploadLimiter, start_dht
+from cotrain.averaging import Admission, Exchange, UploadLimiter, start_dht
 from cotrain.node.cli import resolve_options
 from cotrain.node.limits import IdleMonitor, parse_size
 
@@ -55,8 +55,9 @@ def test_upload_limit_holds_on_loopback(tmp_path):
     a = start_dht(identity_path=str(tmp_path / "a.key"))
     b = start_dht([str(m) for m in a.get_visible_maddrs()], identity_path=str(tmp_path / "b.key"))
     limit_bps = 16e6
-    sender = Exchange(a, "limits", limiter=UploadLimiter(limit_bps))
-    receiver = Exchange(b, "limits")
+    unchecked = Admission("limits", None, enabled=False)  # this test measures the limiter, not admission
+    sender = Exchange(a, "limits", unchecked, limiter=UploadLimiter(limit_bps))
+    receiver = Exchange(b, "limits", unchecked)
     try:
         payload = b"x" * 4_000_000
         sender.publish("t", "t/blob", payload)

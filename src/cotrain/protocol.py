@@ -9,6 +9,9 @@ import grpc
 PROTOCOL_VERSION = 1
 SUPPORTED_PROTOCOL_VERSIONS = (1,)
 
+#: a node's reachability, as the coordinator found it when it dialled the node's DHT address (RegisterPeer)
+PUBLIC, DIAL_OUT_ONLY = "public", "dial-out only"
+
 #: gRPC message size limit on both sides (ReadData chunks stay far below it)
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: largest ReadData request a node may make

@@ -5,11 +5,13 @@ from cotrain.averaging.dht import load_record_key, start_dht, visible_maddrs
 from cotrain.averaging.diloco import DiLoCo
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.progress import Action, Decision, PeerProgress, ProgressBoard, RoundRules, round_decision
+from cotrain.averaging.admission import Admission, AdmissionError, Verdict
 from cotrain.averaging.rounds import RoundAverager, RoundStats, make_averager
 from cotrain.averaging.state import STATE_KEY, download_state, pick_donors
 from cotrain.averaging.sync import SyncAveraging
 
 __all__ = [
+    "Admission", "AdmissionError", "Verdict",
     "Action", "AllReduceFailed", "AllReduceResult", "Decision", "DiLoCo", "Exchange", "PeerProgress", "ProgressBoard",
     "RoundAverager", "RoundRules", "RoundStats", "STATE_KEY", "SyncAveraging", "build_strategy", "download_state",
     "pick_donors", "UploadLimiter",
@@ -17,13 +19,15 @@ __all__ = [
 ]
 
 
-def build_strategy(model, optimizer, dht, run_id: str, cfg, peer_id: str, client_mode: bool = False,
-                   upload_bps: float = 0.0, record_key=None, attack: str = "") -> RoundAverager:
+def build_strategy(model, optimizer, dht, run_id: str, cfg, peer_id: str, admission: Admission,
+                   client_mode: bool = False, upload_bps: float = 0.0, record_key=None,
+                   attack: str = "") -> RoundAverager:
     """The averaging strategy of a run config (:class:`cotrain.config.RunConfig`); ``upload_bps`` > 0 caps what
     this peer sends to others, in bits per second; ``record_key`` signs this peer's DHT records (see
-    :func:`load_record_key`); ``attack`` makes this peer byzantine (:data:`cotrain.averaging.attacks.ATTACKS`), for
+    :func:`load_record_key`); ``admission`` checks the peers this one deals with and presents its credential
+    (:class:`Admission`); ``attack`` makes this peer byzantine (:data:`cotrain.averaging.attacks.ATTACKS`), for
     benches and tests of robust aggregation only."""
     cls = SyncAveraging if cfg.averaging.strategy == "sync" else DiLoCo
     return cls(model, optimizer, dht, run_id, cfg.averaging, cfg.compression, peer_id, cfg.optimizer.grad_clip,
-               client_mode=client_mode, seed=cfg.run.seed, upload_bps=upload_bps, record_key=record_key,
+               admission=admission, client_mode=client_mode, seed=cfg.run.seed, upload_bps=upload_bps, record_key=record_key,
                attack=attack)

@@ -8,6 +8,10 @@ actually put on, and took off, the wire: ``bytes_sent``/``bytes_received`` for a
 
 The exchange runs its own asyncio loop in a background thread of the node process and talks to the libp2p
 daemon that the node's DHT started (``dht.replicate_p2p``): no second daemon, no extra port.
+
+Only members are served: every request carries the requester's credential, and the exchange checks it against
+the peer id libp2p authenticated for the connection (:class:`~cotrain.averaging.admission.Admission`). A refused
+request gets ``found = false`` with the reason, and is counted.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Callable, Optional, Sequence
 from hivemind.dht import DHT
 from hivemind.p2p import P2PContext, PeerID
 
+from cotrain.averaging.admission import Admission
 from cotrain.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -58,8 +63,10 @@ class UploadLimiter:
 
 
 class Exchange:
-    def __init__(self, dht: DHT, namespace: str, keep_tags: int = 4, limiter: Optional[UploadLimiter] = None):
+    def __init__(self, dht: DHT, namespace: str, admission: Admission, keep_tags: int = 4,
+                 limiter: Optional[UploadLimiter] = None):
         self.namespace = namespace
+        self.admission = admission
         self.limiter = limiter  # every byte this peer serves goes through it (a volunteer's upload limit)
         self.handler_name = f"{namespace}.fetch"
         self.keep_tags = keep_tags
@@ -72,6 +79,7 @@ class Exchange:
         self._providers: dict[str, Callable[[], Optional[bytes]]] = {}
         self._serving = 0
         self._last_publish = 0.0
+        self._last_refused_log = 0.0
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._published: Optional[asyncio.Condition] = None
@@ -113,6 +121,11 @@ class Exchange:
             self._published.notify_all()
 
     async def _serve(self, request: pb.FetchRequest, context: P2PContext):
+        what = "a state download" if request.key in self._providers else "an all-reduce piece"
+        verdict = self.admission.check(request.credential, str(context.remote_id), what)
+        if not verdict.ok:
+            yield pb.FetchChunk(found=False, refused=verdict.reason)
+            return
         self._serving += 1
         try:
             async for chunk in self._serve_chunks(request):
@@ -160,11 +173,13 @@ class Exchange:
         out = bytearray()
         total = 0
         try:
-            stream = await self.p2p.iterate_protobuf_handler(peer, self.handler_name,
-                                                             pb.FetchRequest(key=key, wait_s=wait_s), pb.FetchChunk)
+            request = pb.FetchRequest(key=key, wait_s=wait_s, credential=self.admission.credential())
+            stream = await self.p2p.iterate_protobuf_handler(peer, self.handler_name, request, pb.FetchChunk)
             chunks = 0
             async for chunk in stream:
                 if not chunk.found:
+                    if chunk.refused:
+                        self._log_refused(peer, chunk.refused[:200])
                     return None
                 out += chunk.data
                 chunks += 1
@@ -183,6 +198,12 @@ class Exchange:
             logger.info("fetch %s from %s: got %d of %d bytes", key, str(peer)[-8:], len(out), total)
             return None
         return bytes(out)
+
+    def _log_refused(self, peer: PeerID, reason: str) -> None:
+        now = time.monotonic()
+        if now - self._last_refused_log >= 10.0:
+            self._last_refused_log = now
+            logger.warning("peer ...%s refused our request: %s", str(peer)[-8:], reason)
 
     def fetch_many(self, requests: Sequence[tuple[PeerID, str]], wait_s: float) -> list[Optional[bytes]]:
         """Fetch every (peer, key) concurrently; None for a piece that did not come within ``wait_s``."""

@@ -5,6 +5,10 @@ one subkey per peer, every ``progress_interval`` seconds; records expire after t
 stops counting within seconds. Every node reads all records and calls :func:`round_decision`, a pure function of
 (now, own progress, peers' progress, rules) that returns what to do and why. The reason is logged and reported
 in heartbeats, so an operator can read why a round waited or why a node resynchronised.
+
+Only members count: every record carries its publisher's credential (:mod:`cotrain.averaging.admission`), DHT peers
+refuse to store a record whose credential does not name the publishing peer and its signing key, and readers drop
+such records too (a peer that kept one in its own storage cannot steer the rounds with it).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.utils import ValueWithExpiration, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
+
+from cotrain.averaging.admission import MAX_CREDENTIAL_BYTES, Admission, MembershipValidator, split_owner_subkey
 
 
 class Action(enum.Enum):
@@ -109,6 +115,8 @@ class ProgressRecord(pydantic.BaseModel):
     phase: pydantic.constr(strict=True, max_length=16)
     mid_round: pydantic.StrictBool
     time: pydantic.StrictFloat
+    #: the publisher's SignedCredential
+    cred: pydantic.conbytes(strict=True, max_length=MAX_CREDENTIAL_BYTES)
 
 
 class ProgressSchema(pydantic.BaseModel):
@@ -117,22 +125,40 @@ class ProgressSchema(pydantic.BaseModel):
     progress: dict[BytesWithPublicKey, Optional[ProgressRecord]]
 
 
-OWNER_MARKER = b"[owner:"
-
-
 class ProgressBoard:
-    """Publishes this node's progress and reads everyone's, on the DHT key ``{run_id}_progress``.
+    """Publishes this node's progress and reads everyone's, on the DHT key ``{run_id}_progress``; also carries the
+    coordinator's signed revocation list (key ``{run_id}_revocations``, under the coordinator's own subkey).
 
-    The board installs two record validators on its DHT peer: a schema for the key (records of another shape are
-    refused by every peer that would store them) and hivemind's RSA signature validator, so each peer's record is
-    signed with its own key. Give each board in one process its own ``private_key`` (hivemind otherwise shares one
-    key per process); a board that only reads (the coordinator's) needs none.
+    The board installs record validators on its DHT peer: a schema for the key (records of another shape are
+    refused by every peer that would store them), hivemind's RSA signature validator, so each peer's record is
+    signed with its own key, and the members' check (:class:`MembershipValidator`). Give each board in one process
+    its own ``private_key`` (hivemind otherwise shares one key per process); the coordinator's board only reads
+    progress and publishes revocations.
     """
 
-    def __init__(self, dht: DHT, run_id: str, ttl: float, private_key: Optional[RSAPrivateKey] = None):
-        self.dht, self.key, self.ttl = dht, f"{run_id}_progress", ttl
+    def __init__(self, dht: DHT, run_id: str, ttl: float, admission: Admission,
+                 private_key: Optional[RSAPrivateKey] = None):
+        self.dht, self.run_id, self.key, self.ttl = dht, run_id, f"{run_id}_progress", ttl
+        self.revocations_key = f"{run_id}_revocations"
+        self.admission = admission
         self.signer = RSASignatureValidator(private_key or RSAPrivateKey())
-        dht.add_validators([SchemaValidator(ProgressSchema, prefix=run_id), self.signer])
+        validators = [SchemaValidator(ProgressSchema, prefix=run_id), self.signer]
+        if admission.enabled:
+            validators.append(self._membership_validator())
+        dht.add_validators(validators)
+        self._validator_version = admission.revocations_version
+
+    @property
+    def record_public_key(self) -> bytes:
+        """The key this board signs with, as it stands in its subkeys and in this peer's credential."""
+        return self.signer.local_public_key[len(b"[owner:"):-1]
+
+    def _membership_validator(self) -> MembershipValidator:
+        from cotrain.averaging.admission import public_key_bytes
+
+        a = self.admission
+        return MembershipValidator(self.run_id, self.key, public_key_bytes(a.public_key), a.revoked,
+                                   a.revocations_version)
 
     def subkey(self, peer_id: str) -> bytes:
         return peer_id.encode() + self.signer.local_public_key
@@ -140,25 +166,58 @@ class ProgressBoard:
     def publish(self, progress: PeerProgress) -> None:
         record = progress.to_record()
         record["time"] = float(get_dht_time())
+        record["cred"] = self.admission.credential()
         self.dht.store(self.key, subkey=self.subkey(progress.peer_id), value=record,
                        expiration_time=get_dht_time() + self.ttl, return_future=True)
+
+    # ---- revocations ---------------------------------------------------------------------------------------------
+    def publish_revocations(self, signed: bytes, ttl: float) -> None:
+        """The coordinator's signed revocation list, under its own (RSA-protected) subkey."""
+        self.dht.store(self.revocations_key, subkey=self.signer.local_public_key, value=signed,
+                       expiration_time=get_dht_time() + ttl, return_future=True)
+
+    def read_revocations(self, timeout: float = 5.0) -> bool:
+        """Apply the newest valid revocation list on the DHT (every subkey is tried: anyone may write one, only the
+        coordinator's signature counts); True when it changed this peer's view."""
+        try:
+            found = self.dht.get(self.revocations_key, latest=True, return_future=True).result(timeout=timeout)
+        except TimeoutError:
+            return False
+        changed = False
+        if found is not None and isinstance(found.value, dict):
+            for item in found.value.values():
+                if isinstance(item, ValueWithExpiration) and isinstance(item.value, bytes):
+                    changed = self.admission.apply_revocations(item.value) or changed
+        self.sync_validator()
+        return changed
+
+    def sync_validator(self) -> None:
+        """Hand the DHT process the revocations this peer knows (its validator is a copy)."""
+        if self.admission.enabled and self.admission.revocations_version > self._validator_version:
+            self._validator_version = self.admission.revocations_version
+            self.dht.add_validators([self._membership_validator()])
 
     def read(self, timeout: float = 5.0) -> Optional[list[PeerProgress]]:
         """Everyone's latest records; None when the DHT did not answer in time (not the same as nobody there: a
         caller should keep what it knew, records carry their own time and go stale by themselves)."""
         try:
             found = self.dht.get(self.key, latest=True, return_future=True).result(timeout=timeout)
-        except Exception:
+        except TimeoutError:
             return None
         if found is None or not isinstance(found.value, dict):
             return []
         out = []
         for subkey, item in found.value.items():
-            if not isinstance(subkey, bytes) or OWNER_MARKER not in subkey:
+            owner = split_owner_subkey(subkey)
+            if owner is None or not isinstance(item, ValueWithExpiration) or not isinstance(item.value, dict):
                 continue
-            peer_id = subkey[:subkey.index(OWNER_MARKER)].decode(errors="replace")
-            if isinstance(item, ValueWithExpiration) and isinstance(item.value, dict):
-                parsed = PeerProgress.from_record(peer_id, item.value)
-                if parsed is not None:
-                    out.append(parsed)
+            peer_id, record_key = owner
+            cred = item.value.get("cred")
+            verdict = self.admission.check(cred if isinstance(cred, bytes) else b"", peer_id, "a progress record",
+                                           record_public_key=record_key)
+            if not verdict.ok:
+                continue
+            parsed = PeerProgress.from_record(peer_id, item.value)
+            if parsed is not None:
+                out.append(parsed)
         return out

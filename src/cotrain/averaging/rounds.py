@@ -31,6 +31,7 @@ import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.dht import DHT
 
+from cotrain.averaging.admission import Admission
 from cotrain.averaging.attacks import make_attack
 from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag
 from cotrain.averaging.exchange import Exchange, UploadLimiter
@@ -102,7 +103,7 @@ class RoundAverager(abc.ABC):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dht: DHT, run_id: str,
                  cfg: AveragingConfig, compression: CompressionConfig, peer_id: str, grad_clip: float,
                  client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0, record_key=None,
-                 attack: str = ""):
+                 attack: str = "", *, admission: Admission):
         self.model, self.optimizer, self.dht, self.cfg, self.run_id = model, optimizer, dht, cfg, run_id
         self.compression, self.peer_id, self.grad_clip = compression, peer_id, grad_clip
         self.params = [p for p in model.parameters()]
@@ -127,14 +128,17 @@ class RoundAverager(abc.ABC):
         self.retry_at = 0.0
         self.stats = RoundStats()
         self.rules = RoundRules(cfg.inner_steps, cfg.round_wait, stale_after=3 * cfg.progress_interval + 1.0)
-        self.board = ProgressBoard(dht, run_id, ttl=self.rules.stale_after, private_key=record_key)
+        self.admission = admission
+        self.board = ProgressBoard(dht, run_id, ttl=self.rules.stale_after, admission=admission,
+                                   private_key=record_key)
         self.phase = "train"
         self._peers: list[PeerProgress] = []
         self._stop = threading.Event()
         self._board_read = threading.Event()
         self._publisher = threading.Thread(target=self._publish_loop, name="progress", daemon=True)
         self.averager = make_averager(dht, f"{run_id}_avg", cfg, client_mode=client_mode)
-        self.exchange = Exchange(dht, f"{run_id}_exchange", limiter=UploadLimiter(upload_bps) if upload_bps else None)
+        self.exchange = Exchange(dht, f"{run_id}_exchange", admission,
+                                 limiter=UploadLimiter(upload_bps) if upload_bps else None)
         self.exchange.provide(STATE_KEY, self.state_bytes)
         self._hash = self._shared_hash()
         self._publisher.start()
@@ -176,8 +180,11 @@ class RoundAverager(abc.ABC):
                 if peers is not None:  # a DHT that did not answer in time leaves what we knew (it goes stale)
                     self._peers = peers
                     self._board_read.set()
+                if self.admission.enabled:
+                    self.board.read_revocations()
             except Exception as e:  # the DHT is shutting down or briefly unreachable
-                logger.debug("progress publication failed: %r", e)
+                if not self._stop.is_set():
+                    logger.warning("progress board: %r; retrying in %.1fs", e, self.cfg.progress_interval)
             self._stop.wait(self.cfg.progress_interval)
 
     def progress(self, phase: str = "train") -> PeerProgress:
@@ -324,7 +331,8 @@ class RoundAverager(abc.ABC):
         self.averager.set_group_bits(round_group_bits(self.round), wait=True)
         try:
             gathered = self.averager.step(
-                weight=weight, gather=dict(round=self.round, samples=self.samples_in_round, hash=self._hash),
+                weight=weight, gather=dict(round=self.round, samples=self.samples_in_round, hash=self._hash,
+                                           cred=self.admission.credential()),
                 timeout=self.cfg.matchmaking_time * 2 + self.cfg.request_timeout, allow_retries=False)
         except Exception as e:
             logger.warning("round %d: matchmaking failed: %r", self.round, e)
@@ -332,8 +340,12 @@ class RoundAverager(abc.ABC):
         if not gathered:
             self.stats.last_reason = f"round {self.round}: no group formed; training on and retrying"
             return False
-        group = sorted(gathered, key=str)
         info = {str(k): v for k, v in gathered.items() if isinstance(v, dict)}
+        group = sorted(admitted_group(gathered, info, self.peer_id, self.admission), key=str)
+        info = {k: v for k, v in info.items() if k in {str(p) for p in group}}
+        if len(group) < 2:
+            self.stats.last_reason = f"round {self.round}: no admitted groupmate; training on and retrying"
+            return False
         hashes = collections.Counter(v.get("hash") for v in info.values())
         majority = max(hashes.items(), key=lambda kv: (kv[1], str(kv[0])))[0]
         tag = group_tag(f"r{self.round}", [str(p) for p in group])
@@ -414,6 +426,21 @@ class RoundAverager(abc.ABC):
         self.exchange.shutdown()
         if self.averager.is_alive():
             self.averager.shutdown()
+
+
+def admitted_group(gathered, info: dict, me: str, admission: Admission) -> list:
+    """The members of a matchmaking group this peer averages with: itself and every groupmate whose credential
+    (presented in the group's gathered metadata) admits the peer id hivemind's matchmaking authenticated. Every
+    member applies the same check to the same metadata, so they agree on the group."""
+    out = []
+    for peer in gathered:
+        name = str(peer)
+        meta = info.get(name, {})
+        cred = meta.get("cred") if isinstance(meta, dict) else None
+        if name == me or admission.check(cred if isinstance(cred, bytes) else b"", name,
+                                         "a place in an averaging group").ok:
+            out.append(peer)
+    return out
 
 
 def _unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -106,12 +106,22 @@ class SwarmCollector:
                                     lambda m: m.partial_rounds),
             "node_samples": (CounterMetricFamily, "samples the node trained on", lambda m: m.samples_local),
             "node_units_done": (CounterMetricFamily, "work units the node finished", lambda m: m.units_done),
+            "node_refused": (CounterMetricFamily, "data-plane interactions the node refused (no valid credential)",
+                             lambda m: m.refused),
         }
         for name, (family_cls, doc, get) in per_node.items():
             family = family_cls(f"cotrain_{name}", doc, labels=["node", "state"])
             for n in h.nodes:
                 family.add_metric([n.node_name, n.state], float(get(n.metrics)))
             yield family
+        reachable = GaugeMetricFamily("cotrain_node_dialable", "1 when the coordinator could dial the node's DHT "
+                                      "address (public), 0 when it runs dial-out only", labels=["node", "state"])
+        for n in h.nodes:
+            if n.reachability:
+                reachable.add_metric([n.node_name, n.state], float(n.reachability == "public"))
+        yield reachable
+        yield GaugeMetricFamily("cotrain_alerts", "alerts in the health view (stragglers, lost nodes, refused peers)",
+                                value=float(len(h.alerts)))
 
 
 def _dashboard_html() -> bytes:

@@ -217,11 +217,11 @@ class Node:
             if opts.attack:
                 logger.warning("BYZANTINE: this node sends %s-corrupted updates (--attack)", opts.attack)
             self._install_signal_handlers()  # hivemind may have replaced them
+            heartbeat.start()  # from here on: it renews this node's credential, which waiting must not outlive
             if opts.wait_peers > 1:
                 found = self.averaging.wait_for_peers(opts.wait_peers, opts.wait_peers_timeout, self.stop)
                 logger.info("%d of %d peers present; starting", found, opts.wait_peers)
             self._warm_start(response.run.run_id)
-            heartbeat.start()
             self._train(task, model, optimizer, cfg, device)
         finally:
             self.stop.set()

@@ -57,14 +57,14 @@ def health_table(health: pb.SwarmHealth):
 
     now = health.now_unix or time.time()
     table = Table(title=f"swarm {health.run_id}", expand=False)
-    for column in ("node", "state", "step", "round", "loss", "samples/s", "bytes/s", "sent", "received", "units",
+    for column in ("node", "state", "reach", "step", "round", "loss", "samples/s", "bytes/s", "sent", "received", "units",
                    "last seen"):
-        table.add_column(column, justify="left" if column in ("node", "state") else "right")
+        table.add_column(column, justify="left" if column in ("node", "state", "reach") else "right")
     for node in health.nodes:
         m = node.metrics
         loss = f"{m.loss:.3f}" if math.isfinite(m.loss) else str(m.loss)
         style = {"healthy": "green", "straggler": "yellow", "lost": "red", "left": "dim"}.get(node.state, "")
-        table.add_row(node.node_name, Text(node.state, style=style), str(m.step), str(m.round), loss,
+        table.add_row(node.node_name, Text(node.state, style=style), node.reachability or "-", str(m.step), str(m.round), loss,
                       f"{m.samples_per_s:.1f}", _fmt_bytes(node.bytes_per_s) + "/s", _fmt_bytes(m.bytes_sent),
                       _fmt_bytes(m.bytes_received), f"{m.units_done} done" + "".join(f", {u}" for u in node.units),
                       f"{max(0.0, now - node.last_seen_unix):.0f}s ago")

@@ -80,6 +80,8 @@ class Exchange:
         self._serving = 0
         self._last_publish = 0.0
         self._last_refused_log = 0.0
+        #: requests of ours that peers refused (our credential expired or was revoked: we are not a member)
+        self.refusals_received = 0
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._published: Optional[asyncio.Condition] = None
@@ -200,6 +202,7 @@ class Exchange:
         return bytes(out)
 
     def _log_refused(self, peer: PeerID, reason: str) -> None:
+        self.refusals_received += 1
         now = time.monotonic()
         if now - self._last_refused_log >= 10.0:
             self._last_refused_log = now

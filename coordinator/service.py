@@ -194,7 +194,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                                               self.run.lost_after_missed)
                       if self.nodes[v.node_id].token_name == record.name and v.node_id != request.node_id]
             if len(online) >= record.max_nodes:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                     f"token: {record.name!r} allows {record.max_nodes} node(s) online at once and "
                                     f"has {len(online)}; stop one of them first")
         if previous is not None and previous.token_name == record.name:

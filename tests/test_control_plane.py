@@ -198,6 +198,8 @@ def test_restarted_coordinator_resumes_its_members(coordinator):
         health = stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=10)
         assert health.run_id == run_id
         assert [(n.node_name, n.metrics.step) for n in health.nodes] == [("survivor", 9)]
+        # the coordinator vouches with the same key: credentials it issued before the restart stay valid
+        assert join(stub, coordinator.token, "later").coordinator_public_key == r.coordinator_public_key
     finally:
         channel.close()
 
@@ -213,3 +215,73 @@ def test_join_is_rate_limited_per_address(stub, coordinator):
             assert e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or "rate limit" in e.details()
     assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes
     assert codes[:10] == ["ok"] * 10  # the burst goes through
+
+
+def test_a_token_admits_at_most_its_node_limit(stub, coordinator):
+    token = Store(coordinator.state_dir).create_token("one-volunteer", max_nodes=1)
+    first = join(stub, token, "first")
+    code, details = code_of(lambda: join(stub, token, "sybil"))
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "token" in details
+    again = join(stub, token, "first", node_id=first.node_id)  # the same node comes back
+    assert again.node_id == first.node_id
+    stub.Leave(pb.LeaveRequest(node_id=again.node_id, session=again.session, reason="done"), timeout=10)
+    assert join(stub, token, "second").node_id != first.node_id
+    assert join(stub, coordinator.token, "other-token").node_id  # other tokens are not counted
+
+
+PEER_ID = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+
+
+def register(stub, joined, peer_id=PEER_ID, client_mode=True, record_key=b"rsa-key"):
+    return stub.RegisterPeer(pb.RegisterPeerRequest(node_id=joined.node_id, session=joined.session, peer_id=peer_id,
+                                                    maddrs=["/ip4/127.0.0.1/tcp/1"], record_public_key=record_key,
+                                                    client_mode=client_mode), timeout=30)
+
+
+def test_register_peer_issues_a_credential_and_revocation_drains_the_node(stub, coordinator):
+    from cotrain.averaging.admission import Admission, public_key_from_bytes
+
+    store = Store(coordinator.state_dir)
+    token = store.create_token("soon-revoked")
+    joined = join(stub, token, "member")
+    reply = register(stub, joined)
+    assert reply.reachability == "dial-out only"
+    gate = Admission(joined.run.run_id, public_key_from_bytes(joined.coordinator_public_key))
+    verdict = gate.verify(reply.credential, PEER_ID, record_public_key=b"rsa-key")
+    assert verdict.ok and verdict.node_id == joined.node_id
+    assert not gate.verify(reply.credential, "QmZMxNdpMkewiVZLMRxaNxUeZpDUb34pWjZ1kZvsd16Zic").ok
+    # nothing listens at the address it announces: the coordinator's dial fails, the node is told to dial out only
+    assert register(stub, joined, client_mode=False).reachability == "dial-out only"
+    health = stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=10)
+    assert [n.reachability for n in health.nodes if n.node_name == "member"] == ["dial-out only"]
+
+    store.revoke_token("soon-revoked")
+
+    def drained():
+        hb = stub.Heartbeat(pb.HeartbeatRequest(node_id=joined.node_id, session=joined.session,
+                                                metrics=pb.NodeMetrics(step=1)), timeout=10)
+        return hb if hb.command == pb.DRAIN else None
+
+    from cotrain.launch import wait_for
+
+    hb = wait_for(drained, 30, what="the revocation to reach the heartbeat")
+    assert gate.apply_revocations(hb.revocations) and joined.node_id in gate.revoked
+    assert not gate.verify(reply.credential, PEER_ID).ok
+    assert code_of(lambda: register(stub, joined))[0] == grpc.StatusCode.PERMISSION_DENIED
+
+
+@pytest.mark.parametrize("field, change", [("peer_id", dict(peer_id="not a peer id")),
+                                           ("maddrs", dict(maddrs=["garbage"])),
+                                           ("record_public_key", dict(record_public_key=b""))])
+def test_register_peer_names_a_bad_field(stub, coordinator, field, change):
+    joined = join(stub, coordinator.token, "careless")
+    request = pb.RegisterPeerRequest(node_id=joined.node_id, session=joined.session, peer_id=PEER_ID,
+                                     maddrs=["/ip4/127.0.0.1/tcp/1"], record_public_key=b"k", client_mode=True)
+    for key, value in change.items():
+        if key == "maddrs":
+            del request.maddrs[:]
+            request.maddrs.extend(value)
+        else:
+            setattr(request, key, value)
+    code, details = code_of(lambda: stub.RegisterPeer(request, timeout=30))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and field in details

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import cotrain
 from cotrain.exit_codes import ExitCode
 
 
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     from cotrain.node import cli as node_cli
 
     parser = argparse.ArgumentParser(prog="cotrain", description="Train one neural network together over the internet.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {cotrain.__version__}")
     parser.add_argument("--log-level", default=os.environ.get("COTRAIN_LOG_LEVEL", "info"),
                         choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", default=os.environ.get("COTRAIN_LOG_FORMAT", "auto"),

@@ -337,14 +337,17 @@ def is_pip(argv: list[str]) -> bool:
 
 #: COTRAIN_TEST_FULL_VENV=1: the README test's venv downloads and installs every dependency itself
 FULL_VENV = os.environ.get("COTRAIN_TEST_FULL_VENV") == "1"
-NOT_LAYERED = re.compile(r"(cotrain|__editable__|pip|setuptools|_distutils_hack|pkg_resources|__pycache__)([-_.].*)?$"
-                         r"|.*\.pth$")
+NOT_LAYERED = re.compile(r"(cotrain|__editable__|pip|__pycache__)([-_.].*)?$|.*\.pth$")
 
 
 def layer_dependencies(venv: Path, overlay: Path) -> None:
-    """Give the fresh ``venv`` the distributions installed in this test's environment (cotrain, pip and setuptools
-    aside), through one .pth line to a folder of links to them: pip in ``venv`` then finds the dependencies
-    installed instead of downloading them, and cannot remove them (they lie outside its environment)."""
+    """Give the fresh ``venv`` the distributions installed in this test's environment (cotrain and pip aside),
+    through one .pth line to a folder of links to them: pip in ``venv`` then finds the dependencies installed
+    instead of downloading them, and cannot remove them (they lie outside its environment). The venv's own
+    setuptools, if its Python bundles one, goes first: torch requires a newer one, which pip would otherwise
+    download to replace it."""
+    python = venv / "bin" / "python"
+    subprocess.run([python, "-m", "pip", "uninstall", "-y", "-q", "setuptools"], capture_output=True, timeout=120)
     overlay.mkdir()
     for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
         if not NOT_LAYERED.match(entry.name):
@@ -369,9 +372,9 @@ def test_the_readme_join_commands_work_as_written(wheel, shared_coordinator, tmp
 
     The shortcut: a fresh venv that downloads torch and the ~95 other distributions took 62 s on an idle 2-core
     machine and 345 s on a busy one, so by default the fresh venv is given this environment's installed
-    distributions (cotrain, pip and setuptools aside) through a .pth file (:func:`layer_dependencies`): the README's
-    pip commands still run as written and resolve the wheel's requirements, but find them installed, and torch's
-    line finds the pinned torch already there. What that leaves out, a dependency that pyproject.toml does not
+    distributions (cotrain and pip aside) through a .pth file (:func:`layer_dependencies`): the README's
+    pip commands still run as written and resolve the wheel's requirements, but find them installed (pip may not
+    use an index then), and torch's line finds the pinned torch already there. What that leaves out, a dependency that pyproject.toml does not
     declare, ``test_every_imported_distribution_is_a_dependency`` checks. ``COTRAIN_TEST_FULL_VENV=1`` runs the
     full installation instead. The venv is deleted afterwards.
     """
@@ -396,6 +399,7 @@ def test_the_readme_join_commands_work_as_written(wheel, shared_coordinator, tmp
                 assert "include-system-site-packages = false" in (venv / "pyvenv.cfg").read_text()
                 if not FULL_VENV:
                     layer_dependencies(venv, tmp_path / "dependencies")
+                    env["PIP_NO_INDEX"] = "1"  # what the layer lacks is an error, never a download
             elif argv[0] in (".", "source"):
                 assert venv is not None and (work / argv[1]).resolve() == (venv / "bin" / "activate").resolve(), argv
                 env = dict(env, VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}")

@@ -117,7 +117,7 @@ class RoundAverager(abc.ABC):
         self.residual: Optional[list[torch.Tensor]] = None  # this round's unsent part, for strategies that keep it
         #: keep what a lossy codec did not send in the local model (DiLoCo) rather than in a separate buffer
         self.feedback_in_params = False
-        self.aggregator = build_aggregator(cfg.aggregation, cfg.trim_fraction, cfg.clip_tau)
+        self.aggregator = build_aggregator(cfg.aggregation, cfg.trim_fraction, cfg.clip_tau, cfg.clip_multiple)
         self.attack = make_attack(attack, seed) if attack else None
         self.round = 0
         self.samples_total = 0

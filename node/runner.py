@@ -228,15 +228,19 @@ class Node:
             if heartbeat.is_alive():
                 heartbeat.join(timeout=5)
             try:
-                self.client.leave(self.stop_reason or "done",
-                                  self.node_metrics() if self.averaging is not None else None)
-            except Exception as e:
-                logger.warning("could not tell the coordinator we leave: %s", e)
-            if self.averaging is not None:
-                self._save_last(cfg)
-                self.averaging.shutdown()  # the averager before the DHT
-            dht.shutdown()
-            self.client.close()
+                if self.averaging is not None:
+                    self._save_last(cfg)
+                    # the averager before the DHT; it lets groupmates fetch our last pieces first, so the figures
+                    # we leave with count every byte we sent
+                    self.averaging.shutdown()
+            finally:
+                try:
+                    self.client.leave(self.stop_reason or "done",
+                                      self.node_metrics() if self.averaging is not None else None)
+                except Exception as e:
+                    logger.warning("could not tell the coordinator we leave: %s", e)
+                dht.shutdown()
+                self.client.close()
 
     def _start_data_plane(self, response: pb.JoinResponse, record_key):
         """Start the DHT peer and register it: the coordinator dials it and issues this node's credential. A node

@@ -26,14 +26,14 @@ def peers(tmp_path_factory):
         d.shutdown()
 
 
-def run_all(exchanges, tag, vectors, weights, codec, timeout, skip=()):
+def run_all(exchanges, tag, vectors, weights, codec, timeout, skip=(), reducers=None):
     group = sorted((e.peer_id for e in exchanges), key=str)
     results = [None] * len(exchanges)
 
     def one(i):
         try:
             results[i] = butterfly_allreduce(exchanges[i], tag, group, exchanges[i].peer_id, vectors[i], weights[i],
-                                             codec, timeout)
+                                             codec, timeout, reducers=reducers)
         except AllReduceFailed as e:
             results[i] = e
 
@@ -81,3 +81,22 @@ def test_a_vanished_peer_does_not_hold_the_others_past_the_timeout(peers):
     results = run_all(peers, "t-vanish", vectors, [1.0, 1.0, 1.0], NoCompression(), timeout=3, skip=(2,))
     assert all(isinstance(r, AllReduceFailed) for r in results[:2]), results
     assert results[2] is None
+
+
+def test_peers_nobody_can_dial_reduce_no_part_and_still_average(peers):
+    """Two peers behind NAT and one public: only the public one reduces, so the two never fetch from each other."""
+    torch.manual_seed(2)
+    group = sorted((e.peer_id for e in peers), key=str)
+    public = [str(p) == str(group[1]) for p in group]  # only the middle peer of the group can be dialled
+    vectors = [torch.randn(5_000) for _ in peers]
+    before = [e.bytes_sent for e in peers]
+    results = run_all(peers, "t-nat", vectors, [1.0, 1.0, 1.0], NoCompression(), timeout=20, reducers=public)
+    expected = sum(vectors) / 3
+    for r in results:
+        assert r.complete and torch.equal(r.average, results[0].average)
+        assert torch.allclose(r.average, expected, atol=1e-5)
+    sent = {str(e.peer_id): e.bytes_sent - b for e, b in zip(peers, before)}
+    reducer = str(group[1])
+    # the reducer sends the whole average to the two others; each of them sends only its contribution
+    assert sent[reducer] > 2 * 5_000 * 4
+    assert all(5_000 * 4 <= v < 1.1 * 5_000 * 4 for k, v in sent.items() if k != reducer), sent

@@ -7,7 +7,9 @@ The group (sorted peer ids) splits the vector into one part per peer; peer i red
    aggregator) in peer order, encodes the result and publishes it;
 3. every peer fetches each reduced part from its reducer and decodes it.
 
-Everyone decodes the very same bytes, so every peer ends with a bitwise-identical average. Each peer sends
+Peers that nobody can dial (``reducers[i]`` false: behind NAT, in client mode) reduce no part: they send their
+contributions to the reducers and fetch the results over connections they opened themselves, so two of them never
+need to reach each other. Everyone decodes the very same bytes, so every peer ends with a bitwise-identical average. Each peer sends
 2 (n-1)/n of its encoded vector, as a ring all-reduce does. A contribution that does not arrive within the timeout
 is left out and counted (never silently); a reduced part that does not arrive makes the round fail for that peer.
 """
@@ -41,9 +43,24 @@ def weighted_mean(parts: list[torch.Tensor], weights: list[float]) -> torch.Tens
     return out
 
 
-def part_bounds(numel: int, n: int) -> list[tuple[int, int]]:
-    edges = np.linspace(0, numel, n + 1).astype(np.int64)
-    return [(int(edges[i]), int(edges[i + 1])) for i in range(n)]
+def reducer_flags(n: int, reducers: Optional[Sequence[bool]]) -> list[bool]:
+    """Who reduces a part: the peers others can dial, or everyone when none can (then they must reach each other
+    anyway) or nothing is known."""
+    return [bool(r) for r in reducers] if reducers is not None and any(reducers) else [True] * n
+
+
+def part_bounds(numel: int, n: int, reducers: Optional[Sequence[bool]] = None) -> list[tuple[int, int]]:
+    """Peer i reduces [a_i, b_i): equal parts for the reducers, empty ones for the others."""
+    reducers = reducer_flags(n, reducers)
+    edges = np.linspace(0, numel, sum(reducers) + 1).astype(np.int64)
+    out, k = [], 0
+    for i in range(n):
+        if reducers[i]:
+            out.append((int(edges[k]), int(edges[k + 1])))
+            k += 1
+        else:
+            out.append((int(edges[k]), int(edges[k])))
+    return out
 
 
 def group_tag(prefix: str, peers: Sequence[str]) -> str:
@@ -65,28 +82,62 @@ class AllReduceResult:
 
 
 def butterfly_allreduce(exchange: Exchange, tag: str, group: Sequence, me, vector: torch.Tensor, weight: float,
-                        codec: Codec, timeout: float, aggregator: Aggregator = weighted_mean) -> AllReduceResult:
-    """Average ``vector`` (flat float32) with ``group`` (PeerIDs, the same order on every peer, ``me`` among them)."""
+                        codec: Codec, timeout: float, aggregator: Aggregator = weighted_mean,
+                        reducers: Optional[Sequence[bool]] = None) -> AllReduceResult:
+    """Average ``vector`` (flat float32) with ``group`` (PeerIDs, the same order on every peer, ``me`` among them).
+    ``reducers``: which peers others can dial (the same on every peer; None: all)."""
     started = time.monotonic()
     group = list(group)
     names = [str(p) for p in group]
     n, mine = len(group), names.index(str(me))
-    bounds = part_bounds(vector.numel(), n)
+    flags = reducer_flags(n, reducers)
+    bounds = part_bounds(vector.numel(), n, flags)
+    reducing = [j for j in range(n) if flags[j]]
     vector = vector.detach().float().cpu().reshape(-1)
     sent = torch.empty_like(vector)
     own_parts = {}
-    for j, (a, b) in enumerate(bounds):
+    for j in reducing:
+        a, b = bounds[j]
         encoded = codec.encode(vector[a:b])
         sent[a:b] = codec.decode(encoded, b - a)
         own_parts[j] = encoded
         exchange.publish(tag, f"{tag}/in/{j}/{names[mine]}", struct.pack("<d", weight) + encoded)
 
-    # reduce my part
-    a, b = bounds[mine]
+    average = torch.empty_like(vector)
+    contributors = [n] * n  # a part nobody reduces (an empty one) lacks no contribution
+    dropped: dict[str, str] = {}
+    if mine in reducing:
+        parts_in, encoded_result = _reduce_part(exchange, tag, group, names, mine, bounds[mine], weight,
+                                                own_parts[mine], codec, timeout, aggregator, dropped)
+        own_result = struct.pack("<I", parts_in) + encoded_result
+    # gather every reduced part
+    requests = [(group[j], f"{tag}/out/{j}") for j in reducing if j != mine]
+    fetched = dict(zip([j for j in reducing if j != mine], exchange.fetch_many(requests, wait_s=timeout)))
+    if mine in reducing:
+        fetched[mine] = own_result
+    for j in reducing:
+        payload = fetched[j]
+        if payload is None:
+            raise AllReduceFailed(f"reduced part {j} from peer {names[j][-8:]} did not arrive within {timeout:.0f}s")
+        lo, hi = bounds[j]
+        try:
+            (contributors[j],) = struct.unpack("<I", payload[:4])
+            average[lo:hi] = codec.decode_result(payload[4:], hi - lo)
+        except (ValueError, struct.error) as e:
+            raise AllReduceFailed(f"reduced part {j} from peer {names[j][-8:]} is malformed: {e}") from None
+    return AllReduceResult(average, sent, contributors, dropped, time.monotonic() - started)
+
+
+def _reduce_part(exchange: Exchange, tag: str, group: list, names: list[str], mine: int, bounds: tuple[int, int],
+                 weight: float, own: bytes, codec: Codec, timeout: float, aggregator: Aggregator,
+                 dropped: dict) -> tuple[int, bytes]:
+    """Reducer ``mine``: fetch every groupmate's contribution to its part, aggregate, publish the result; ->
+    (contributions aggregated, the encoded result). Contributions left out are named in ``dropped``."""
+    a, b = bounds
     others = [(p, f"{tag}/in/{mine}/{name}") for p, name in zip(group, names) if name != names[mine]]
     fetched = exchange.fetch_many(others, wait_s=timeout)
-    parts, weights, dropped = [], [], {}
-    for name, payload in zip(names, _insert(fetched, mine, struct.pack("<d", weight) + own_parts[mine])):
+    parts, weights = [], []
+    for name, payload in zip(names, _insert(fetched, mine, struct.pack("<d", weight) + own)):
         if payload is None:
             dropped[name] = "its contribution did not arrive in time"
             continue
@@ -107,23 +158,7 @@ def butterfly_allreduce(exchange: Exchange, tag: str, group: Sequence, me, vecto
     reduced = aggregator(parts, weights)
     encoded_result = codec.encode_result(reduced)
     exchange.publish(tag, f"{tag}/out/{mine}", struct.pack("<I", len(parts)) + encoded_result)
-
-    # gather every reduced part
-    average = torch.empty_like(vector)
-    contributors = [0] * n
-    requests = [(p, f"{tag}/out/{j}") for j, p in enumerate(group) if j != mine]
-    results = _insert(exchange.fetch_many(requests, wait_s=timeout), mine,
-                      struct.pack("<I", len(parts)) + encoded_result)
-    for j, payload in enumerate(results):
-        if payload is None:
-            raise AllReduceFailed(f"reduced part {j} from peer {names[j][-8:]} did not arrive within {timeout:.0f}s")
-        lo, hi = bounds[j]
-        try:
-            (contributors[j],) = struct.unpack("<I", payload[:4])
-            average[lo:hi] = codec.decode_result(payload[4:], hi - lo)
-        except (ValueError, struct.error) as e:
-            raise AllReduceFailed(f"reduced part {j} from peer {names[j][-8:]} is malformed: {e}") from None
-    return AllReduceResult(average, sent, contributors, dropped, time.monotonic() - started)
+    return len(parts), encoded_result
 
 
 def _insert(items: list, index: int, value) -> list:

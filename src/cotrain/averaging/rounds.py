@@ -105,6 +105,9 @@ class RoundAverager(abc.ABC):
                  client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0, record_key=None,
                  attack: str = "", *, admission: Admission):
         self.model, self.optimizer, self.dht, self.cfg, self.run_id = model, optimizer, dht, cfg, run_id
+        #: nobody can dial this peer: it reduces no part of an all-reduce (its groupmates behind NAT could not
+        #: fetch it)
+        self.client_mode = client_mode
         self.compression, self.peer_id, self.grad_clip = compression, peer_id, grad_clip
         self.params = [p for p in model.parameters()]
         self.param_names = [n for n, _ in model.named_parameters()]
@@ -332,7 +335,7 @@ class RoundAverager(abc.ABC):
         try:
             gathered = self.averager.step(
                 weight=weight, gather=dict(round=self.round, samples=self.samples_in_round, hash=self._hash,
-                                           cred=self.admission.credential()),
+                                           cred=self.admission.credential(), reducer=not self.client_mode),
                 timeout=self.cfg.matchmaking_time * 2 + self.cfg.request_timeout, allow_retries=False)
         except Exception as e:
             logger.warning("round %d: matchmaking failed: %r", self.round, e)
@@ -350,8 +353,9 @@ class RoundAverager(abc.ABC):
         majority = max(hashes.items(), key=lambda kv: (kv[1], str(kv[0])))[0]
         tag = group_tag(f"r{self.round}", [str(p) for p in group])
         me = next(p for p in group if str(p) == self.peer_id)
+        reducers = [info.get(str(p), {}).get("reducer", True) is not False for p in group]
         try:
-            average, complete = self._allreduce(contribution, tag, group, me, weight)
+            average, complete = self._allreduce(contribution, tag, group, me, weight, reducers)
         except AllReduceFailed as e:
             logger.warning("round %d: all-reduce failed: %s", self.round, e)
             self.stats.last_reason = f"round {self.round}: all-reduce failed ({e}); training on and retrying"
@@ -370,7 +374,8 @@ class RoundAverager(abc.ABC):
         self.stats.rounds_completed += 1
         return True
 
-    def _allreduce(self, contribution: list[torch.Tensor], tag: str, group, me, weight: float):
+    def _allreduce(self, contribution: list[torch.Tensor], tag: str, group, me, weight: float,
+                   reducers: Sequence[bool]):
         timeout = self.cfg.allreduce_timeout
         if self.powersgd is not None:
             complete = True
@@ -380,7 +385,7 @@ class RoundAverager(abc.ABC):
                 if self.attack is not None:
                     vector = self.attack(vector)
                 result = butterfly_allreduce(self.exchange, f"{tag}-{phase}", group, me, vector, weight, self.codec,
-                                             timeout, self.aggregator)
+                                             timeout, self.aggregator, reducers)
                 complete = complete and result.complete
                 self._flag(result)
                 return result.average
@@ -391,7 +396,8 @@ class RoundAverager(abc.ABC):
         if use_feedback and self.error is not None:
             flat = flat + self.error
         sent = self.attack(flat) if self.attack is not None else flat
-        result = butterfly_allreduce(self.exchange, tag, group, me, sent, weight, self.codec, timeout, self.aggregator)
+        result = butterfly_allreduce(self.exchange, tag, group, me, sent, weight, self.codec, timeout, self.aggregator,
+                                     reducers)
         self._flag(result)
         if use_feedback and self.feedback_in_params:
             self.residual = _unflatten(flat - result.sent, contribution)

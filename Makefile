@@ -11,12 +11,12 @@ TORCH ?= torch==2.13.0
 PIP_TORCH_FLAGS ?=
 PYTEST_FLAGS ?=
 
-.PHONY: demo test protos bench clean browser
+.PHONY: demo test test-fast protos bench clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(PIP_TORCH_FLAGS) "$(TORCH)"
 	$(BIN)/python -m pip install -q -e '.[dev]'
@@ -25,8 +25,14 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed
 	$(BIN)/cotrain demo
 
+# the whole suite as CI runs it: test files spread over two workers (a file's tests stay together: some share a
+# module's swarm or network namespaces)
 test: $(VENV)/.installed browser
-	$(BIN)/python -m pytest $(PYTEST_FLAGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile $(PYTEST_FLAGS)
+
+# the edit loop: everything that starts no swarm (pure logic, codecs, config, protocol, models)
+test-fast: $(VENV)/.installed
+	$(BIN)/python -m pytest -m "not swarm" -q $(PYTEST_FLAGS)
 
 # the dashboard test drives Debian's chromium headless; install it where we may (root, as in CI)
 browser:

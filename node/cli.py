@@ -26,7 +26,7 @@ from cotrain.node.limits import parse_size
 OPTIONS = {
     "coordinator": (str, None), "token": (str, None), "name": (str, None), "state_dir": (str, None),
     "max_steps": (int, 0), "max_rounds": (int, 0), "duration": (float, 0.0), "threads": (int, 0),
-    "wait_peers": (int, 0), "dht_host": (str, "127.0.0.1"), "dht_announce": (str, ""), "client_mode": (bool, False),
+    "wait_peers": (int, 0), "dht_host": (str, "127.0.0.1"), "dht_port": (int, 0), "dht_announce": (str, ""), "client_mode": (bool, False),
     "max_cpus": (int, 0), "max_memory": (str, ""), "max_upload_mbps": (float, 0.0), "only_when_idle": (bool, False),
     "ca": (str, None), "insecure": (bool, False), "attack": (str, ""), "assume_public": (bool, False),
 }
@@ -60,6 +60,8 @@ def add_parser(subparsers) -> None:
                       help="before training, wait (up to 5 minutes) until this many peers are in the swarm")
     join.add_argument("--dht-host", default=S, help="address the DHT peer listens on (default 127.0.0.1: this "
                                                      "machine only; 0.0.0.0 lets other volunteers connect)")
+    join.add_argument("--dht-port", type=int, default=S,
+                      help="port the DHT peer listens on (default 0: any free port; fix it to forward it on a router)")
     join.add_argument("--dht-announce", default=S, metavar="MULTIADDR",
                       help="address to tell peers instead of the listening one (a public address)")
     join.add_argument("--client-mode", action="store_true", default=S,
@@ -111,6 +113,8 @@ def resolve_options(args: argparse.Namespace) -> dict:
     for key in ("max_steps", "max_rounds", "threads", "wait_peers", "max_cpus"):
         if out[key] < 0:
             raise SystemExit(f"--{key.replace('_', '-')}: must be >= 0")
+    if not 0 <= out["dht_port"] <= 65535:
+        raise SystemExit(f"--dht-port: must be in 0..65535, got {out['dht_port']}")
     for key in ("duration", "max_upload_mbps"):
         if out[key] < 0:
             raise SystemExit(f"--{key.replace('_', '-')}: must be >= 0")
@@ -133,7 +137,7 @@ def cmd_join(args) -> int:
     Node(NodeOptions(coordinator=o["coordinator"], token=o["token"], name=o["name"], insecure=o["insecure"],
                      ca=o["ca"], state_dir=Path(o["state_dir"]) if o["state_dir"] else None,
                      max_steps=o["max_steps"], max_rounds=o["max_rounds"], wait_peers=o["wait_peers"],
-                     duration=o["duration"], threads=o["threads"], dht_host=o["dht_host"],
+                     duration=o["duration"], threads=o["threads"], dht_host=o["dht_host"], dht_port=o["dht_port"],
                      dht_announce=(o["dht_announce"],) if o["dht_announce"] else (),
                      client_mode=o["client_mode"], assume_public=o["assume_public"], max_cpus=o["max_cpus"], max_memory=o["max_memory"],
                      max_upload_mbps=o["max_upload_mbps"], only_when_idle=o["only_when_idle"],

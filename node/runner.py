@@ -56,6 +56,7 @@ class NodeOptions:
     threads: int = 0
     #: address the node's DHT peer listens on; client mode makes only outgoing connections (behind NAT)
     dht_host: str = "127.0.0.1"
+    dht_port: int = 0
     dht_announce: tuple = ()
     client_mode: bool = False
     #: announce the DHT address even when the coordinator cannot dial it (benches of what that costs the swarm)
@@ -251,7 +252,7 @@ class Node:
         record_public = record_key.get_public_key().to_bytes()
         client_mode = opts.client_mode
         while True:
-            dht = start_dht(response.initial_peers, host=opts.dht_host, client_mode=client_mode,
+            dht = start_dht(response.initial_peers, host=opts.dht_host, port=opts.dht_port, client_mode=client_mode,
                             identity_path=identity, announce=opts.dht_announce)
             try:
                 reply = self.client.register_peer(str(dht.peer_id), visible_maddrs(dht), record_public, client_mode)

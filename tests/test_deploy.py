@@ -81,7 +81,9 @@ def test_dockerfile():
     assert json.loads(get("ENTRYPOINT")[-1]) == ["cotrain"]
     assert "TORCH_INDEX_URL=" in get("ARG"), "TORCH_INDEX_URL must be an ARG with an empty default (PyPI)"
     assert any("torch==" in run for run in get("RUN"))
-    assert any(run.startswith("pip install .") for run in get("RUN"))
+    # the image installs the built wheel, as a package index would serve it, never the source tree
+    assert any(run.startswith("pip wheel") for run in get("RUN"))
+    assert any(run.startswith("pip install") and ".whl" in run for run in get("RUN"))
     assert get("USER") and get("USER")[-1] not in ("root", "0"), "the image must not run as root"
     assert "/var/lib/cotrain" in get("VOLUME")
     assert set(" ".join(get("EXPOSE")).split()) >= {"7450", "7451"}

@@ -56,6 +56,8 @@ SCENARIOS = {
     "client-mode": (["--client-mode"], False, "2 public + 1 NAT, --client-mode"),
     "assume-public": (["--assume-public"], False, "2 public + 1 NAT, --assume-public (old)"),
     "public": ([], True, "3 public (baseline)"),
+    # two dial-out nodes must average through the public one (they reduce no part of the all-reduce)
+    "two-nat": ([], False, "1 public + 2 NAT, auto-detected"),
 }
 
 
@@ -103,7 +105,7 @@ def round_time(frames: list[dict], name: str, completed: int) -> Optional[float]
 
 def run_scenario(args, name: str, cfg_path: Path, workdir: Path, register) -> dict:
     flags, third_public, _ = SCENARIOS[name]
-    lab = register(netns.NatLab(nat=1, rate_mbit=args.rate_mbit).setup())
+    lab = register(netns.NatLab(nat=2 if name == "two-nat" else 1, rate_mbit=args.rate_mbit).setup())
     state = workdir / "coordinator"
     store = Store(state)
     token = store.create_token("nat")
@@ -118,6 +120,8 @@ def run_scenario(args, name: str, cfg_path: Path, workdir: Path, register) -> di
     nodes = [("pub-0", lab.public, ["--dht-host", lab.public_ip]), ("pub-1", lab.public, ["--dht-host", lab.public_ip]),
              ("nat" if not third_public else "pub-2", lab.nats[0],
               ["--dht-host", lab.nat_ip(0)] if third_public else flags)]
+    if name == "two-nat":
+        nodes = [nodes[0], ("nat-0", lab.nats[0], []), ("nat-1", lab.nats[1], [])]
     procs = []
     for i, (node, namespace, extra) in enumerate(nodes):
         pin = ["taskset", "-c", str(cpus[i % len(cpus)])]

@@ -46,6 +46,10 @@ from cotrain.config import AveragingConfig, CompressionConfig
 logger = logging.getLogger(__name__)
 
 ROUND_KEY_BITS = 16  # the round number, modulo 2**16, is the hivemind group key
+#: seconds between two reads of the coordinator's revocation list on the DHT. Heartbeat answers carry it within a
+#: heartbeat interval while the coordinator is up; the DHT is the way it reaches nodes whose coordinator link is
+#: down, so a few seconds is plenty, and reading every progress interval cost rounds 2% on 2 cores
+REVOCATIONS_READ_S = 5.0
 
 
 def round_group_bits(round_number: int) -> str:
@@ -176,6 +180,7 @@ class RoundAverager(abc.ABC):
 
     # ---- progress board ------------------------------------------------------------------------------------------
     def _publish_loop(self) -> None:
+        revocations_read = 0.0
         while not self._stop.is_set():
             try:
                 self.board.publish(self.progress(self.phase))
@@ -183,7 +188,8 @@ class RoundAverager(abc.ABC):
                 if peers is not None:  # a DHT that did not answer in time leaves what we knew (it goes stale)
                     self._peers = peers
                     self._board_read.set()
-                if self.admission.enabled:
+                if self.admission.enabled and time.monotonic() - revocations_read >= REVOCATIONS_READ_S:
+                    revocations_read = time.monotonic()
                     self.board.read_revocations()
             except Exception as e:  # the DHT is shutting down or briefly unreachable
                 if not self._stop.is_set():

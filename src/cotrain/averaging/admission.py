@@ -36,6 +36,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from google.protobuf.message import DecodeError
+from hivemind.dht.protocol import DHTProtocol
+from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import RecordValidatorBase
 
 from cotrain.v1 import swarm_pb2 as pb
@@ -191,7 +193,6 @@ class Admission:
         self._cache: dict[bytes, pb.Credential] = {}
         self.revoked: frozenset = frozenset()
         self.revocations_version = -1
-        self.revocations_bytes = b""
         self.refused = 0
         #: peer id -> why it was last refused (what the node reports to the coordinator's alerts)
         self.refused_peers: dict[str, str] = {}
@@ -205,15 +206,6 @@ class Admission:
     def set_credential(self, data: bytes) -> None:
         if data:
             self._credential = data
-
-    def own_expiry(self) -> float:
-        """When this peer's own credential expires (0 without one)."""
-        if not self._credential or self.public_key is None:
-            return 0.0
-        try:
-            return parse_credential(self._credential, self.public_key).expires_unix
-        except AdmissionError:
-            return 0.0
 
     # ---- revocations ---------------------------------------------------------------------------------------------
     def apply_revocations(self, data: bytes) -> bool:
@@ -229,7 +221,6 @@ class Admission:
             if revocations.version <= self.revocations_version:
                 return False
             self.revocations_version = revocations.version
-            self.revocations_bytes = data
             added = set(revocations.node_ids) - self.revoked
             self.revoked = frozenset(revocations.node_ids)
         if added:
@@ -301,16 +292,12 @@ class MembershipValidator(RecordValidatorBase):
     """
 
     def __init__(self, run_id: str, key_name: str, public_key: bytes, revoked: Iterable[str] = (), version: int = -1):
-        from hivemind.dht.routing import DHTID
-
         self.run_id, self.public_key, self.revoked, self.version = run_id, public_key, frozenset(revoked), version
         self.key_id = DHTID.generate(source=key_name).to_bytes()
 
     def validate(self, record) -> bool:
         if record.key != self.key_id:
             return True
-        from hivemind.dht.protocol import DHTProtocol
-
         try:
             subkey = DHTProtocol.serializer.loads(record.subkey)
             value = DHTProtocol.serializer.loads(record.value)

@@ -24,7 +24,8 @@ from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.utils import ValueWithExpiration, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
-from cotrain.averaging.admission import MAX_CREDENTIAL_BYTES, Admission, MembershipValidator, split_owner_subkey
+from cotrain.averaging.admission import (MAX_CREDENTIAL_BYTES, Admission, MembershipValidator, public_key_bytes,
+                                         split_owner_subkey)
 
 
 class Action(enum.Enum):
@@ -154,8 +155,6 @@ class ProgressBoard:
         return self.signer.local_public_key[len(b"[owner:"):-1]
 
     def _membership_validator(self) -> MembershipValidator:
-        from cotrain.averaging.admission import public_key_bytes
-
         a = self.admission
         return MembershipValidator(self.run_id, self.key, public_key_bytes(a.public_key), a.revoked,
                                    a.revocations_version)

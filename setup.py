@@ -1,8 +1,9 @@
-"""What goes into the distribution: every package and data file under its three source folders, found by walking
+"""What goes into the distribution: every package and data file under its four source folders, found by walking
 them, so that a new folder or data file cannot be left out by a hand-kept list. The metadata is in pyproject.toml.
 
-One distribution, three source folders: the shared library (src/cotrain), the volunteer side (node/) and the
-operator side (coordinator/), importable as cotrain, cotrain.node and cotrain.coordinator. Every folder under them
+One distribution, four source folders: the shared library (src/cotrain), the volunteer side (node/), the operator
+side (coordinator/) and the program that puts both under one command line (cli/), importable as cotrain,
+cotrain.node, cotrain.coordinator and cotrain.cli. Every folder under them
 is a package (with or without ``__init__.py``), and every file in it that is not Python source is package data
 (the dashboard's HTML, the generated ``.pyi`` stubs, ...). Caches, hidden files and editor backups are skipped.
 """
@@ -17,7 +18,8 @@ from setuptools import setup
 HERE = Path(__file__).resolve().parent
 
 #: import name -> source folder, relative to this file
-SOURCES = {"cotrain": "src/cotrain", "cotrain.node": "node", "cotrain.coordinator": "coordinator"}
+SOURCES = {"cotrain": "src/cotrain", "cotrain.node": "node", "cotrain.coordinator": "coordinator",
+           "cotrain.cli": "cli"}
 
 SKIP_DIRS = {"__pycache__"}
 SKIP_SUFFIXES = (".py", ".pyc", ".pyo", "~", ".swp", ".orig", ".rej")
@@ -28,7 +30,7 @@ def _skipped(name: str) -> bool:
 
 
 def discover(root: Path = HERE) -> tuple[list[str], dict[str, list[str]]]:
-    """-> (packages, package data) of the three source folders under ``root``."""
+    """-> (packages, package data) of the four source folders under ``root``."""
     packages: list[str] = []
     package_data: dict[str, list[str]] = {}
     for top, folder in SOURCES.items():

@@ -26,7 +26,7 @@ from common import default_text, evaluate_state, print_table, write_json  # noqa
 from cotrain.checkpoint import load_checkpoint  # noqa: E402
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.coordinator.store import Store  # noqa: E402
-from cotrain.launch import start_coordinator, start_node  # noqa: E402
+from cotrain.cli.launch import start_coordinator, start_node  # noqa: E402
 
 
 def make_config(args) -> RunConfig:

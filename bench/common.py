@@ -18,9 +18,9 @@ import torch
 from cotrain.checkpoint import load_checkpoint
 from cotrain.config import RunConfig
 from cotrain.coordinator.store import Store
-from cotrain.launch import start_coordinator, start_node, wait_for
+from cotrain.cli.launch import start_coordinator, start_node, wait_for
 from cotrain.models import build_model
-from cotrain.node.client import CoordinatorClient
+from cotrain.client import CoordinatorClient
 from cotrain.tasks import build_task
 
 REPO = Path(__file__).resolve().parents[1]

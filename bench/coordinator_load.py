@@ -27,7 +27,7 @@ from common import print_table, write_json  # noqa: E402
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.coordinator.store import Store  # noqa: E402
-from cotrain.launch import start_coordinator  # noqa: E402
+from cotrain.cli.launch import start_coordinator  # noqa: E402
 from cotrain.protocol import PROTOCOL_VERSION  # noqa: E402
 from cotrain.v1 import coordinator_pb2 as pb  # noqa: E402
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402

@@ -24,9 +24,9 @@ from common import default_text, print_table, write_json  # noqa: E402
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.coordinator.store import Store  # noqa: E402
-from cotrain.launch import start_coordinator, start_node, wait_for  # noqa: E402
+from cotrain.cli.launch import start_coordinator, start_node, wait_for  # noqa: E402
 from cotrain.models import build_model, count_parameters  # noqa: E402
-from cotrain.node.client import CoordinatorClient  # noqa: E402
+from cotrain.client import CoordinatorClient  # noqa: E402
 
 SIZES = {"1M": 288, "20M": 1280}  # hidden size of a 2-layer LSTM with a 64-wide byte embedding
 

@@ -48,7 +48,7 @@ from common import default_text, print_table, write_json  # noqa: E402
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.coordinator.store import Store  # noqa: E402
-from cotrain.launch import Proc, start_coordinator, start_node  # noqa: E402
+from cotrain.cli.launch import Proc, start_coordinator, start_node  # noqa: E402
 
 SCENARIOS = {
     # name: (the third node's flags, whether it listens on its link address, what it shows)
@@ -139,7 +139,7 @@ def run_scenario(args, name: str, cfg_path: Path, workdir: Path, register) -> di
     for p in procs:
         p.signal(signal.SIGTERM)
     codes = [p.stop(30) for p in procs]
-    final = subprocess.run([*pub, sys.executable, "-m", "cotrain", "swarm", "status", address, "--insecure",
+    final = subprocess.run([*pub, sys.executable, "-m", "cotrain.cli", "swarm", "status", address, "--insecure",
                             "--format", "json"], capture_output=True, text=True, timeout=120)
     watcher.stop(5)
     coordinator.stop(30)

@@ -253,8 +253,8 @@ def read_evals(db: Path) -> list[tuple[float, int, float]]:
 
 def run_cotrain(args, wan: Wan, workdir: Path, register) -> dict:
     from cotrain.coordinator.store import Store
-    from cotrain.launch import start_coordinator
-    from cotrain.node.client import CoordinatorClient
+    from cotrain.cli.launch import start_coordinator
+    from cotrain.client import CoordinatorClient
     from cotrain.status import message_to_dict
 
     state = workdir / "coordinator"
@@ -270,7 +270,7 @@ def run_cotrain(args, wan: Wan, workdir: Path, register) -> dict:
     for i in range(args.nodes):
         node_dir = workdir / f"node-{i}"
         node_dir.mkdir()
-        argv = [sys.executable, "-m", "cotrain", "node", "join", address, "--token", token, "--name", f"wan-{i}",
+        argv = [sys.executable, "-m", "cotrain.cli", "node", "join", address, "--token", token, "--name", f"wan-{i}",
                 "--insecure", "--dht-host", worker_ip(i), "--threads", "1", "--state-dir", str(node_dir),
                 "--wait-peers", str(args.nodes), "--duration", str(args.budget_s)]
         nodes.append(register(NsProc(f"node-{i}", argv, node_dir / "node.log", wan.namespace(i))))

@@ -49,7 +49,7 @@ class ManagedNodeProcess:
         self.args, self.log_path, self.on_crash = list(args), log_path, on_crash
         self._log = open(log_path, "ab")
         self._stopping = False
-        self.proc = subprocess.Popen([sys.executable, "-m", "cotrain", "node", "join", *self.args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "cotrain.cli", "node", "join", *self.args],
                                      stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=dict(os.environ, PYTHONUNBUFFERED="1"),
                                      preexec_fn=kill_me_with_parent)  # the node dies with its actor

@@ -32,7 +32,7 @@ from cotrain.protocol import DIAL_OUT_ONLY
 from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
-from cotrain.node.client import CoordinatorClient
+from cotrain.client import CoordinatorClient
 from cotrain.node.work import WorkQueue
 from cotrain.node.limits import IdleMonitor, OtherProcessesLoad, pin_cpus, resident_bytes
 

@@ -16,7 +16,7 @@ import grpc
 
 from cotrain.v1 import coordinator_pb2 as pb
 
-from cotrain.node.client import CoordinatorClient, CoordinatorUnavailable
+from cotrain.client import CoordinatorClient, CoordinatorUnavailable
 
 logger = logging.getLogger(__name__)
 

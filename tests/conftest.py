@@ -10,7 +10,7 @@ import pytest
 
 from cotrain.config import RunConfig
 from cotrain.coordinator.store import Store
-from cotrain.launch import start_coordinator
+from cotrain.cli.launch import start_coordinator
 
 WORDS = ("the swarm trains one model together while volunteers come and go and every node averages its "
          "update with its peers so the shared model moves forward round after round").split()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 #: source folder -> where its files land in an installed tree (or a wheel)
-SOURCES = {"src/cotrain": "cotrain", "node": "cotrain/node", "coordinator": "cotrain/coordinator"}
+SOURCES = {"src/cotrain": "cotrain", "node": "cotrain/node", "coordinator": "cotrain/coordinator", "cli": "cotrain/cli"}
 
 #: never shipped: caches, hidden files (editors, OS), editor backups and patch leftovers
 JUNK_DIRS = {"__pycache__"}
@@ -29,7 +29,7 @@ def _junk(name: str) -> bool:
 
 
 def tree_files(root: Path) -> set[str]:
-    """Install paths ("cotrain/node/cli.py") of every file under the three source folders of the checkout at
+    """Install paths ("cotrain/node/cli.py") of every file under the four source folders of the checkout at
     ``root``: every Python module and every data file, caches and editor leftovers aside."""
     out: set[str] = set()
     for folder, target in SOURCES.items():
@@ -122,7 +122,7 @@ def _optional(node: ast.AST, parents: dict) -> bool:
 
 
 def third_party_imports(root: Path) -> dict[str, set[str]]:
-    """Top-level names of the modules the code under the three source folders imports that are neither the
+    """Top-level names of the modules the code under the four source folders imports that are neither the
     standard library nor cotrain (optional imports, in ``try/except ImportError``, aside) -> files importing them."""
     out: dict[str, set[str]] = {}
     for path in sorted(p for p in tree_files(root) if p.endswith(".py")):

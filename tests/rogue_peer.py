@@ -27,7 +27,7 @@ from cotrain.averaging import Admission, Verdict, build_strategy, download_state
 from cotrain.averaging.admission import issue_credential, new_private_key, parse_credential, public_key_from_bytes
 from cotrain.averaging.state import STATE_KEY
 from cotrain.config import RunConfig
-from cotrain.node.client import CoordinatorClient
+from cotrain.client import CoordinatorClient
 from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 

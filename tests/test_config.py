@@ -35,7 +35,7 @@ def test_not_toml_is_a_clear_error():
 def test_cli_reports_bad_config_without_traceback(tmp_path):
     bad = tmp_path / "run.toml"
     bad.write_text("[optimizer]\nlr = -3\n")
-    result = subprocess.run([sys.executable, "-m", "cotrain", "coordinator", "start", "--insecure", "--config",
+    result = subprocess.run([sys.executable, "-m", "cotrain.cli", "coordinator", "start", "--insecure", "--config",
                              str(bad), "--state-dir", str(tmp_path / "state")], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == ExitCode.CONFIG
@@ -44,7 +44,7 @@ def test_cli_reports_bad_config_without_traceback(tmp_path):
 
 
 def test_cli_requires_tls_or_insecure(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "cotrain", "coordinator", "start", "--state-dir",
+    result = subprocess.run([sys.executable, "-m", "cotrain.cli", "coordinator", "start", "--state-dir",
                              str(tmp_path / "state")], capture_output=True, text=True, timeout=120)
     assert result.returncode == ExitCode.USAGE
     assert "--insecure" in result.stderr and "Traceback" not in result.stderr

@@ -97,7 +97,7 @@ def test_heartbeat_stream_answers_each_heartbeat_and_ends_on_a_bad_session(stub,
 
 
 def test_node_client_heartbeats_over_a_stream_and_reopens_it(coordinator):
-    from cotrain.node.client import CoordinatorClient
+    from cotrain.client import CoordinatorClient
 
     with CoordinatorClient(coordinator.address, insecure=True) as client:
         client.join(coordinator.token, "client")
@@ -162,7 +162,7 @@ def test_revoked_token_cannot_join(stub, coordinator):
 
 def test_swarm_status_json_cli(stub, coordinator):
     join(stub, coordinator.token, "watched")
-    out = subprocess.run([sys.executable, "-m", "cotrain", "swarm", "status", coordinator.address, "--insecure",
+    out = subprocess.run([sys.executable, "-m", "cotrain.cli", "swarm", "status", coordinator.address, "--insecure",
                           "--format", "json"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     health = json.loads(out.stdout)
@@ -171,7 +171,7 @@ def test_swarm_status_json_cli(stub, coordinator):
 
 
 def test_node_with_bad_token_exits_with_its_code(coordinator, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "cotrain", "node", "join", coordinator.address, "--token", "ct_bad",
+    out = subprocess.run([sys.executable, "-m", "cotrain.cli", "node", "join", coordinator.address, "--token", "ct_bad",
                           "--insecure", "--state-dir", str(tmp_path / "n")], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == ExitCode.UNAUTHENTICATED
@@ -186,7 +186,7 @@ def test_restarted_coordinator_resumes_its_members(coordinator):
     channel.close()
     assert coordinator.stop() == 0
 
-    from cotrain.launch import start_coordinator
+    from cotrain.cli.launch import start_coordinator
 
     coordinator.proc, coordinator.address = start_coordinator(coordinator.state_dir, coordinator.config_path)
     channel = grpc.insecure_channel(coordinator.address)
@@ -262,7 +262,7 @@ def test_register_peer_issues_a_credential_and_revocation_drains_the_node(stub, 
                                                 metrics=pb.NodeMetrics(step=1)), timeout=10)
         return hb if hb.command == pb.DRAIN else None
 
-    from cotrain.launch import wait_for
+    from cotrain.cli.launch import wait_for
 
     hb = wait_for(drained, 30, what="the revocation to reach the heartbeat")
     assert gate.apply_revocations(hb.revocations) and joined.node_id in gate.revoked

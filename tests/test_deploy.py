@@ -233,7 +233,7 @@ def top_commands() -> frozenset:
 
 @lru_cache(maxsize=None)
 def root_parser() -> argparse.ArgumentParser:
-    from cotrain.cli import build_parser
+    from cotrain.cli.main import build_parser
 
     return build_parser()
 
@@ -371,7 +371,7 @@ def help_texts() -> dict[tuple[str, ...], tuple[int, str]]:
         paths.update(p for p, _ in flags)
 
     def run(path):
-        proc = subprocess.run([sys.executable, "-m", "cotrain", *path, "--help"], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", "cotrain.cli", *path, "--help"], capture_output=True, text=True,
                               timeout=120, cwd=ROOT)
         return path, (proc.returncode, proc.stdout + proc.stderr)
 

@@ -7,8 +7,8 @@ import socket
 import pytest
 
 from cotrain.coordinator.store import Store
-from cotrain.launch import start_coordinator, start_node, wait_for
-from cotrain.node.client import CoordinatorClient
+from cotrain.cli.launch import start_coordinator, start_node, wait_for
+from cotrain.client import CoordinatorClient
 
 from conftest import RunningCoordinator, tiny_config
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from cotrain.coordinator.store import Store
-from cotrain.launch import wait_for
-from cotrain.node.client import CoordinatorClient
+from cotrain.cli.launch import wait_for
+from cotrain.client import CoordinatorClient
 
 from conftest import RunningCoordinator, tiny_config
 
@@ -56,7 +56,7 @@ def test_managed_node_joins_trains_is_restarted_and_evaluations_run_on_ray(tmp_p
 def test_simulate_runs_a_virtual_swarm(tmp_path, corpus_file):
     cfg = tiny_config(corpus_file)
     (tmp_path / "run.toml").write_text(cfg.to_toml())
-    out = subprocess.run([sys.executable, "-m", "cotrain", "simulate", "--nodes", "2", "--config",
+    out = subprocess.run([sys.executable, "-m", "cotrain.cli", "simulate", "--nodes", "2", "--config",
                           str(tmp_path / "run.toml"), "--duration", "30", "--format", "json",
                           "--workdir", str(tmp_path / "sim")], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -67,7 +67,7 @@ def test_simulate_runs_a_virtual_swarm(tmp_path, corpus_file):
 
 
 def test_simulate_rejects_bad_flags():
-    out = subprocess.run([sys.executable, "-m", "cotrain", "simulate", "--nodes", "0"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "cotrain.cli", "simulate", "--nodes", "0"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode != 0 and "--nodes" in out.stderr and "Traceback" not in out.stderr
 
@@ -75,7 +75,7 @@ def test_simulate_rejects_bad_flags():
 def test_unreachable_ray_address_is_a_clear_error_not_a_hang(tmp_path):
     from cotrain.exit_codes import ExitCode
 
-    out = subprocess.run([sys.executable, "-m", "cotrain", "coordinator", "start", "--insecure", "--listen",
+    out = subprocess.run([sys.executable, "-m", "cotrain.cli", "coordinator", "start", "--insecure", "--listen",
                           "127.0.0.1:0", "--state-dir", str(tmp_path / "s"), "--ray-address", "127.0.0.1:1"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == ExitCode.FLEET, out.stderr[-2000:]

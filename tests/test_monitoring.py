@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cotrain.launch import start_node, wait_for
-from cotrain.node.client import CoordinatorClient
+from cotrain.cli.launch import start_node, wait_for
+from cotrain.client import CoordinatorClient
 
 from conftest import RunningCoordinator, tiny_config
 

@@ -21,7 +21,7 @@ import torch
 import netns
 from cotrain.checkpoint import load_checkpoint
 from cotrain.coordinator.store import Store
-from cotrain.launch import start_coordinator, start_node, wait_for
+from cotrain.cli.launch import start_coordinator, start_node, wait_for
 from conftest import tiny_config
 
 pytestmark = pytest.mark.swarm
@@ -53,7 +53,7 @@ def lab_factory(namespaces_available):
 
 def swarm_status(lab: netns.NatLab, address: str) -> dict:
     """``cotrain swarm status --format json``, run where the coordinator is reachable: the public namespace."""
-    result = subprocess.run([*lab.prefix(lab.public), sys.executable, "-m", "cotrain", "swarm", "status", address,
+    result = subprocess.run([*lab.prefix(lab.public), sys.executable, "-m", "cotrain.cli", "swarm", "status", address,
                              "--insecure", "--format", "json"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)

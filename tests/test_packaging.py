@@ -1,4 +1,4 @@
-"""The distribution: the wheel and the sdist ship every module and data file of the three source folders, the wheel
+"""The distribution: the wheel and the sdist ship every module and data file of the four source folders, the wheel
 installed outside the checkout runs a node that trains, the README's "Join a run" commands work as written, and
 ``cotrain --version`` prints the installed version.
 
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from cotrain.launch import Proc, wait_for
-from cotrain.node.client import CoordinatorClient
+from cotrain.cli.launch import Proc, wait_for
+from cotrain.client import CoordinatorClient
 
 from conftest import RunningCoordinator, tiny_config
 from packaging_checks import (data_references, drop_option, first_code_block, installed_files, missing,
@@ -78,7 +78,7 @@ def clean_env(**extra: str) -> dict:
 
 
 class CommandProc(Proc):
-    """:class:`cotrain.launch.Proc` (own process group, log file, SIGTERM then kill on stop) for any command line,
+    """:class:`cotrain.cli.launch.Proc` (own process group, log file, SIGTERM then kill on stop) for any command line,
     in a working directory of its own."""
 
     def __init__(self, name: str, argv: list[str], log_path: Path, cwd: Path, env: dict):
@@ -134,18 +134,19 @@ def test_missing_reports_a_module_or_data_file_a_listing_lacks():
     assert missing(expected, expected - {"cotrain/coordinator/dashboard.html"}) == ["cotrain/coordinator/dashboard.html"]
 
 
-def test_tree_files_maps_the_three_source_folders_and_skips_caches(tmp_path):
+def test_tree_files_maps_the_four_source_folders_and_skips_caches(tmp_path):
     for rel in ("src/cotrain/__init__.py", "src/cotrain/sub/mod.py", "src/cotrain/sub/deeper/x.pyi",
                 "src/cotrain/__pycache__/__init__.cpython-311.pyc", "src/cotrain/.mod.py.swp", "src/cotrain/a.py~",
                 "node/__init__.py", "node/data.json", "coordinator/__init__.py", "coordinator/page.html",
-                "tests/test_x.py", "bench/b.py"):
+                "cli/__init__.py", "tests/test_x.py", "bench/b.py"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("")
     assert tree_files(tmp_path) == {"cotrain/__init__.py", "cotrain/sub/mod.py", "cotrain/sub/deeper/x.pyi",
                                     "cotrain/node/__init__.py", "cotrain/node/data.json",
-                                    "cotrain/coordinator/__init__.py", "cotrain/coordinator/page.html"}
+                                    "cotrain/coordinator/__init__.py", "cotrain/coordinator/page.html",
+                                    "cotrain/cli/__init__.py"}
     assert python_modules(tree_files(tmp_path)) == {"cotrain", "cotrain.sub.mod", "cotrain.node",
-                                                    "cotrain.coordinator"}
+                                                    "cotrain.coordinator", "cotrain.cli"}
 
 
 def test_data_references_finds_the_files_the_code_reads(tmp_path):
@@ -232,13 +233,14 @@ def test_every_imported_distribution_is_a_dependency(wheel):
 
 
 def test_a_new_source_folder_ships_without_editing_the_build(tmp_path):
-    """A package folder (with or without __init__.py) and a data file added anywhere under the three source folders
+    """A package folder (with or without __init__.py) and a data file added anywhere under the four source folders
     land in the wheel: nothing lists them by hand."""
     for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
         shutil.copy(ROOT / name, tmp_path / name)
     for rel in ("src/cotrain/__init__.py", "src/cotrain/brand_new/__init__.py", "src/cotrain/brand_new/mod.py",
                 "src/cotrain/brand_new/namespace_only/leaf.py", "src/cotrain/brand_new/table.json",
-                "node/__init__.py", "node/extra/__init__.py", "coordinator/__init__.py", "coordinator/static/app.js"):
+                "node/__init__.py", "node/extra/__init__.py", "coordinator/__init__.py", "coordinator/static/app.js",
+                "cli/__init__.py"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("")
     wheel_path, _ = build(tmp_path, tmp_path / "out")
@@ -264,7 +266,7 @@ def test_the_sdist_installs_the_same_files_as_the_wheel(built, tmp_path):
 
 # ---- cotrain --version ---------------------------------------------------------------------------------------------
 def test_version(wheel_target, tmp_path):
-    here = subprocess.run([sys.executable, "-m", "cotrain", "--version"], capture_output=True, text=True, timeout=120)
+    here = subprocess.run([sys.executable, "-m", "cotrain.cli", "--version"], capture_output=True, text=True, timeout=120)
     assert here.returncode == 0, here.stderr
     assert here.stdout.split() == ["cotrain", importlib.metadata.version("cotrain")]
 

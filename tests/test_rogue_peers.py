@@ -13,8 +13,8 @@ import torch
 
 from cotrain.checkpoint import load_checkpoint
 from cotrain.coordinator.store import Store
-from cotrain.launch import start_node, wait_for
-from cotrain.node.client import CoordinatorClient
+from cotrain.cli.launch import start_node, wait_for
+from cotrain.client import CoordinatorClient
 from conftest import RunningCoordinator, tiny_config
 from test_swarm import assert_learned
 

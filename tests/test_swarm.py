@@ -7,12 +7,12 @@ import torch
 
 from cotrain.checkpoint import load_checkpoint
 from cotrain.data import Corpus
-from cotrain.launch import start_node, wait_for
+from cotrain.cli.launch import start_node, wait_for
 from cotrain.models import build_model
 from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
-from cotrain.node.client import CoordinatorClient
+from cotrain.client import CoordinatorClient
 from conftest import RunningCoordinator, tiny_config
 
 pytestmark = pytest.mark.swarm

@@ -15,7 +15,7 @@ from cryptography.x509.oid import NameOID
 
 from cotrain.coordinator.store import Store
 from cotrain.exit_codes import ExitCode
-from cotrain.launch import start_coordinator
+from cotrain.cli.launch import start_coordinator
 from cotrain.protocol import PROTOCOL_VERSION
 from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
@@ -61,10 +61,10 @@ def test_tls_coordinator(tmp_path, corpus_file):
         with grpc.insecure_channel(address) as channel:  # plaintext to a TLS port fails
             with pytest.raises(grpc.RpcError):
                 pb_grpc.CoordinatorStub(channel).GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=5)
-        ok = subprocess.run([sys.executable, "-m", "cotrain", "swarm", "status", address, "--ca", str(cert),
+        ok = subprocess.run([sys.executable, "-m", "cotrain.cli", "swarm", "status", address, "--ca", str(cert),
                              "--format", "json"], capture_output=True, text=True, timeout=60)
         assert ok.returncode == 0 and json.loads(ok.stdout)["nodes"][0]["node_name"] == "tls-node", ok.stderr
-        untrusted = subprocess.run([sys.executable, "-m", "cotrain", "swarm", "status", address, "--format", "json"],
+        untrusted = subprocess.run([sys.executable, "-m", "cotrain.cli", "swarm", "status", address, "--format", "json"],
                                    capture_output=True, text=True, timeout=60)
         assert untrusted.returncode == ExitCode.UNAVAILABLE and "Traceback" not in untrusted.stderr
     finally:

@@ -9,9 +9,9 @@ import torch
 
 from cotrain.checkpoint import load_checkpoint, save_checkpoint
 from cotrain.exit_codes import ExitCode
-from cotrain.launch import start_node, wait_for
+from cotrain.cli.launch import start_node, wait_for
 from cotrain.models import build_model
-from cotrain.node.client import CoordinatorClient
+from cotrain.client import CoordinatorClient
 from cotrain.warmstart import WarmStartError, fresh_parameters, shrink_perturb
 
 from conftest import RunningCoordinator, tiny_config
@@ -120,7 +120,7 @@ def test_new_run_from_a_checkpoint_with_shrink_and_perturb(tmp_path, corpus_file
                     {"run_id": "old-run", "round": 17, "config_toml": cfg.to_toml()})
     state = tmp_path / "state"
     from cotrain.coordinator.store import Store
-    from cotrain.launch import start_coordinator
+    from cotrain.cli.launch import start_coordinator
 
     (tmp_path / "run.toml").write_text(cfg.to_toml())
     token = Store(state).create_token("t")
@@ -141,7 +141,7 @@ def test_new_run_from_a_checkpoint_with_shrink_and_perturb(tmp_path, corpus_file
 
 
 def test_warm_start_from_a_missing_checkpoint_is_a_clear_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "cotrain", "coordinator", "start", "--insecure", "--state-dir",
+    out = subprocess.run([sys.executable, "-m", "cotrain.cli", "coordinator", "start", "--insecure", "--state-dir",
                           str(tmp_path / "s"), "--warm-start", str(tmp_path / "nope.safetensors")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == ExitCode.CONFIG

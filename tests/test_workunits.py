@@ -134,7 +134,7 @@ class FlakyClient:
         self.up, self.reported, self.calls = True, [], 0
 
     def get_work(self, give_up_after, stop=None):
-        from cotrain.node.client import CoordinatorUnavailable
+        from cotrain.client import CoordinatorUnavailable
         from cotrain.v1 import coordinator_pb2 as pb
 
         self.calls += 1
@@ -143,7 +143,7 @@ class FlakyClient:
         return pb.GetWorkResponse(unit=pb.WorkUnit(epoch=0, index=self.calls), reason="ok")
 
     def report_work(self, epoch, index, samples, give_up_after, stop=None):
-        from cotrain.node.client import CoordinatorUnavailable
+        from cotrain.client import CoordinatorUnavailable
         from cotrain.v1 import coordinator_pb2 as pb
 
         self.calls += 1

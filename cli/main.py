@@ -40,7 +40,7 @@ def _setup_logging(level: str, fmt: str = "auto") -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from cotrain.coordinator import cli as coordinator_cli
-    from cotrain.coordinator import simulate
+    from cotrain.cli import simulate
     from cotrain.node import cli as node_cli
 
     parser = argparse.ArgumentParser(prog="cotrain", description="Train one neural network together over the internet.")
@@ -88,7 +88,7 @@ def cmd_swarm_status(args) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from cotrain.node.client import CoordinatorClient
+    from cotrain.client import CoordinatorClient
     from cotrain.status import health_json, health_table
 
     client = CoordinatorClient(args.coordinator, args.insecure, args.ca, rpc_timeout=5.0)
@@ -135,7 +135,7 @@ def cmd_sample(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from cotrain.demo import run_demo
+    from cotrain.cli.demo import run_demo
 
     return run_demo(args)
 
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     from cotrain.coordinator.fleet import FleetError
     from cotrain.coordinator.store import StateDirError
     from cotrain.data import CorpusError
-    from cotrain.node.client import CoordinatorUnavailable, JoinRefused
+    from cotrain.client import CoordinatorUnavailable, JoinRefused
     from cotrain.protocol import AddressError
     from cotrain.warmstart import WarmStartError
 

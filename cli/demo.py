@@ -19,7 +19,7 @@ from cotrain.checkpoint import load_checkpoint
 from cotrain.config import RunConfig
 from cotrain.data import Corpus
 from cotrain.evaluation import evaluate_lm
-from cotrain.launch import LaunchError, start_coordinator, start_node, wait_for
+from cotrain.cli.launch import LaunchError, start_coordinator, start_node, wait_for
 from cotrain.models import build_model, generate
 
 DEMO_CONFIG = dict(
@@ -34,7 +34,7 @@ def run_demo(args) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from cotrain.node.client import CoordinatorClient
+    from cotrain.client import CoordinatorClient
     from cotrain.status import health_table
 
     console = Console()

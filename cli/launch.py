@@ -31,7 +31,7 @@ class Proc:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-        self.popen = subprocess.Popen([*prefix, sys.executable, "-m", "cotrain", *args], stdout=self._log,
+        self.popen = subprocess.Popen([*prefix, sys.executable, "-m", "cotrain.cli", *args], stdout=self._log,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
                                       start_new_session=True)
 

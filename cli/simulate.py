@@ -47,8 +47,8 @@ def cmd_simulate(args) -> int:
 
     from rich.console import Console
 
-    from cotrain.launch import LaunchError, start_coordinator, wait_for
-    from cotrain.node.client import CoordinatorClient
+    from cotrain.cli.launch import LaunchError, start_coordinator, wait_for
+    from cotrain.client import CoordinatorClient
     from cotrain.status import health_table, message_to_dict
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="cotrain-simulate-"))

@@ -1,3 +1,0 @@
-from cotrain.cli import main
-
-raise SystemExit(main())

@@ -13,7 +13,7 @@ from cotrain.coordinator.store import Store
 from cotrain.cli.launch import wait_for
 from cotrain.client import CoordinatorClient
 
-from conftest import RunningCoordinator, tiny_config
+from tiny_swarm import RunningCoordinator, tiny_config
 
 pytestmark = pytest.mark.swarm
 

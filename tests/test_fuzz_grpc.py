@@ -16,7 +16,7 @@ from cotrain.protocol import PROTOCOL_VERSION
 from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
 
-from conftest import RunningCoordinator, tiny_config
+from tiny_swarm import RunningCoordinator, tiny_config
 
 pytestmark = pytest.mark.swarm
 

@@ -7,7 +7,7 @@ import torch
 from torch.nn import functional as F
 
 from cotrain.models import RNNLanguageModel, build_model
-from conftest import tiny_config
+from tiny_swarm import tiny_config
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])

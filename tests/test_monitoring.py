@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cotrain.cli.launch import start_node, wait_for
 from cotrain.client import CoordinatorClient
 
-from conftest import RunningCoordinator, tiny_config
+from tiny_swarm import RunningCoordinator, tiny_config
 
 pytestmark = pytest.mark.swarm
 

@@ -22,7 +22,7 @@ import netns
 from cotrain.checkpoint import load_checkpoint
 from cotrain.coordinator.store import Store
 from cotrain.cli.launch import start_coordinator, start_node, wait_for
-from conftest import tiny_config
+from tiny_swarm import tiny_config
 
 pytestmark = pytest.mark.swarm
 

@@ -28,7 +28,7 @@ import pytest
 from cotrain.cli.launch import Proc, wait_for
 from cotrain.client import CoordinatorClient
 
-from conftest import RunningCoordinator, tiny_config
+from tiny_swarm import RunningCoordinator, tiny_config
 from packaging_checks import (data_references, drop_option, first_code_block, installed_files, missing,
                               python_modules, requirement_name, section, shell_commands, third_party_imports,
                               tree_files, undeclared, wheel_files)

@@ -15,7 +15,7 @@ from cotrain.checkpoint import load_checkpoint
 from cotrain.coordinator.store import Store
 from cotrain.cli.launch import start_node, wait_for
 from cotrain.client import CoordinatorClient
-from conftest import RunningCoordinator, tiny_config
+from tiny_swarm import RunningCoordinator, tiny_config
 from test_swarm import assert_learned
 
 pytestmark = pytest.mark.swarm

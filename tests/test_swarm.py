@@ -13,7 +13,7 @@ from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
 from cotrain.client import CoordinatorClient
-from conftest import RunningCoordinator, tiny_config
+from tiny_swarm import RunningCoordinator, tiny_config
 
 pytestmark = pytest.mark.swarm
 

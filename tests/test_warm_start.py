@@ -14,7 +14,7 @@ from cotrain.models import build_model
 from cotrain.client import CoordinatorClient
 from cotrain.warmstart import WarmStartError, fresh_parameters, shrink_perturb
 
-from conftest import RunningCoordinator, tiny_config
+from tiny_swarm import RunningCoordinator, tiny_config
 
 
 def test_shrink_perturb_arithmetic():

@@ -1,0 +1,60 @@
+"""What the tests run a swarm with: a small generated corpus, a tiny run config, and a real coordinator process on
+127.0.0.1 (:class:`RunningCoordinator`). Test files import these; conftest.py holds only fixtures."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from cotrain.config import RunConfig
+from cotrain.coordinator.store import Store
+from cotrain.cli.launch import start_coordinator
+
+WORDS = ("the swarm trains one model together while volunteers come and go and every node averages its "
+         "update with its peers so the shared model moves forward round after round").split()
+
+
+def make_text(n_bytes: int, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    out, size = [], 0
+    while size < n_bytes:
+        sentence = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + ".\n"
+        out.append(sentence)
+        size += len(sentence)
+    return "".join(out)[:n_bytes]
+
+
+def tiny_config(corpus: Path, **overrides) -> RunConfig:
+    base = dict(
+        run={"name": "test", "seed": 1},
+        model={"kind": "lstm", "embed_dim": 16, "hidden_size": 64, "num_layers": 1, "dropout": 0.0},
+        data={"source": str(corpus), "seq_len": 32, "batch_size": 8},
+        optimizer={"lr": 0.01},
+        averaging={"inner_steps": 10, "matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 0.5,
+                   "allreduce_timeout": 20.0, "round_wait": 20.0},
+        coordinator={"heartbeat_interval_s": 0.5, "lost_after_missed": 20, "checkpoint_interval_s": 2.0,
+                     "eval_bytes": 8192, "unit_bytes": 16384},
+        device="cpu",
+    )
+    for section, values in overrides.items():
+        base.setdefault(section, {}).update(values)
+    return RunConfig.from_dict(base)
+
+
+class RunningCoordinator:
+    def __init__(self, tmp: Path, cfg: RunConfig, extra=()):
+        self.state_dir = tmp / "coordinator"
+        self.config_path = tmp / "run.toml"
+        self.config_path.write_text(cfg.to_toml())
+        self.cfg = cfg
+        self.token = Store(self.state_dir).create_token("tests")
+        self.proc, self.address = start_coordinator(self.state_dir, self.config_path, extra=extra)
+        self.info = json.loads((self.state_dir / "coordinator.json").read_text())
+
+    def stop(self) -> int:
+        return self.proc.stop(30)
+
+    def checkpoints(self):
+        """(round, path, sha256, created, samples), newest first, as the coordinator recorded them."""
+        return Store(self.state_dir).checkpoints()

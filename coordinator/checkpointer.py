@@ -36,13 +36,15 @@ class Checkpointer(threading.Thread):
         self.folder = store.state_dir / "checkpoints"
         self.stop_event = threading.Event()
         self.wake = threading.Event()
-        latest = store.checkpoints()
-        self.last_round = latest[0][0] if latest else -1
-        if latest:
-            summary.latest_checkpoint, summary.latest_checkpoint_round = latest[0][1], latest[0][0]
+        checkpoints = store.checkpoints()
+        self.last_round = checkpoints[0].round if checkpoints else -1
+        if checkpoints:
+            summary.latest_checkpoint, summary.latest_checkpoint_round = checkpoints[0].path, checkpoints[0].round
         evals = store.evals()
         if evals:
-            _, summary.val_round, summary.val_loss, summary.val_bpc, summary.val_metrics = evals[-1]
+            last = evals[-1]
+            summary.val_round, summary.val_loss, summary.val_bpc = last.round, last.val_loss, last.val_bpc
+            summary.val_metrics = last.metrics
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -101,7 +103,7 @@ class Checkpointer(threading.Thread):
 
     def _prune(self) -> None:
         keep = self.cfg.coordinator.keep_checkpoints
-        for _, path, *_ in self.store.checkpoints()[keep:]:
-            for p in (Path(path), Path(path + ".sha256")):
+        for old in self.store.checkpoints()[keep:]:
+            for p in (Path(old.path), Path(old.path + ".sha256")):
                 p.unlink(missing_ok=True)
-            self.store.remove_checkpoint(path)
+            self.store.remove_checkpoint(old.path)

@@ -118,7 +118,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.rates: dict[str, tuple[float, int, float]] = {}  # node -> (time, bytes_sent, bytes/s) at last heartbeat
         self.join_limiter = RateLimiter(*run.join_limit)
         self.heartbeat_limiter = RateLimiter(*run.heartbeat_limit)
-        self.units: dict[tuple[int, int], Unit] = {(r[0], r[1]): Unit(*r) for r in store.load_units()}
+        self.units: dict[tuple[int, int], Unit] = {(r.epoch, r.index): Unit(**r._asdict()) for r in store.load_units()}
         self.rules = SchedulingRules(run.unit_deadline_s)
         self.units_reissued = 0
         self.scheduling_reason = f"{len(run.unit_ranges)} work units per epoch"
@@ -354,18 +354,19 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def GetCheckpoint(self, request: pb.GetCheckpointRequest, context):
         await self._session(request.node_id, request.session, context)
-        for round_number, path, sha, _, _ in self.store.checkpoints():
+        for checkpoint in self.store.checkpoints():
             try:
-                data = Path(path).read_bytes()
+                data = Path(checkpoint.path).read_bytes()
             except OSError:
                 continue
-            if hashlib.sha256(data).hexdigest() != sha:
-                logger.warning("checkpoint %s is corrupt; offering the previous one", path)
+            if hashlib.sha256(data).hexdigest() != checkpoint.sha256:
+                logger.warning("checkpoint %s is corrupt; offering the previous one", checkpoint.path)
                 continue
             for start in range(0, len(data), CHECKPOINT_CHUNK):
                 first = start == 0
                 yield pb.CheckpointChunk(data=data[start: start + CHECKPOINT_CHUNK], total=len(data) if first else 0,
-                                         round=round_number if first else 0, sha256=sha if first else "")
+                                         round=checkpoint.round if first else 0,
+                                         sha256=checkpoint.sha256 if first else "")
             return
         await context.abort(grpc.StatusCode.NOT_FOUND, "this coordinator has no checkpoint yet")
 

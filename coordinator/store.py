@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -77,6 +77,44 @@ class NodeRecord:
     metrics: dict = field(default_factory=dict)
 
 
+class UnitRow(NamedTuple):
+    """A stored work unit (the fields of :class:`cotrain.coordinator.workunits.Unit`)."""
+
+    epoch: int
+    index: int
+    start: int
+    end: int
+    state: str
+    holder: str
+    deadline: float
+    attempts: int
+
+
+class CheckpointRow(NamedTuple):
+    round: int
+    path: str
+    sha256: str
+    created: float
+    samples_total: int
+
+
+class EvalRow(NamedTuple):
+    time: float
+    round: int
+    val_loss: float
+    val_bpc: float
+    #: every figure the evaluator returned, val_loss and val_bpc included
+    metrics: dict
+
+
+class HistoryRow(NamedTuple):
+    """One node's metrics at one time, for the curves."""
+
+    time: float
+    node_id: str
+    metrics: dict
+
+
 @dataclass(frozen=True)
 class PeerRecord:
     """A member's data-plane identity, as it registered it: what its credentials are bound to."""
@@ -103,6 +141,14 @@ class TokenRecord:
         return True, "ok"
 
 
+_TOKEN_COLUMNS = "name, created, expires, revoked, max_nodes"
+
+
+def _token(row: sqlite3.Row) -> TokenRecord:
+    return TokenRecord(name=row["name"], created=row["created"], expires=row["expires"], revoked=bool(row["revoked"]),
+                       max_nodes=row["max_nodes"])
+
+
 class Store:
     def __init__(self, state_dir: Path, history_every_s: float = 5.0, flush_every_s: float = 0.25):
         self.state_dir = Path(state_dir)
@@ -115,12 +161,12 @@ class Store:
         self._pending_lock = threading.Lock()
         self._write_lock = threading.RLock()  # a flush and a full write of a member never interleave
         self._pending: dict[str, tuple[float, dict]] = {}
-        self._pending_history: list[tuple[float, str, dict]] = []
+        self._pending_history: list[HistoryRow] = []
         self._flusher: Optional[threading.Thread] = None
         self._closing = threading.Event()
         with self._conn() as conn:
             conn.executescript(SCHEMA)
-            columns = {row[1] for row in conn.execute("PRAGMA table_info(tokens)")}
+            columns = {row["name"] for row in conn.execute("PRAGMA table_info(tokens)")}
             if "max_nodes" not in columns:  # a state dir from before token limits
                 conn.execute("ALTER TABLE tokens ADD COLUMN max_nodes INTEGER")
 
@@ -128,6 +174,7 @@ class Store:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = sqlite3.connect(self.path, timeout=30.0)
+            conn.row_factory = sqlite3.Row  # rows are read by column name
             conn.execute("PRAGMA journal_mode=WAL")
             # WAL + NORMAL: a commit survives the process being killed (the log is written before the answer
             # leaves); only a power cut can lose the last commits. FULL would fsync every heartbeat.
@@ -150,7 +197,7 @@ class Store:
     # ---- meta ----------------------------------------------------------------------------------------------------
     def get_meta(self, key: str) -> Optional[str]:
         row = self._conn().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else None
+        return row["value"] if row else None
 
     def set_meta(self, key: str, value: str) -> None:
         with self._conn() as conn:
@@ -172,18 +219,16 @@ class Store:
             return conn.execute("UPDATE tokens SET revoked = 1 WHERE name = ?", (name,)).rowcount > 0
 
     def list_tokens(self) -> list[TokenRecord]:
-        rows = self._conn().execute("SELECT name, created, expires, revoked, max_nodes FROM tokens "
-                                    "ORDER BY created").fetchall()
-        return [TokenRecord(name, created, expires, bool(revoked), max_nodes)
-                for name, created, expires, revoked, max_nodes in rows]
+        rows = self._conn().execute(f"SELECT {_TOKEN_COLUMNS} FROM tokens ORDER BY created").fetchall()
+        return [_token(row) for row in rows]
 
     def find_token(self, token: str) -> Optional[TokenRecord]:
-        row = self._conn().execute("SELECT name, created, expires, revoked, max_nodes FROM tokens WHERE hash = ?",
+        row = self._conn().execute(f"SELECT {_TOKEN_COLUMNS} FROM tokens WHERE hash = ?",
                                    (hash_secret(token),)).fetchone()
-        return TokenRecord(row[0], row[1], row[2], bool(row[3]), row[4]) if row else None
+        return _token(row) if row else None
 
     def revoked_token_names(self) -> set[str]:
-        return {row[0] for row in self._conn().execute("SELECT name FROM tokens WHERE revoked = 1")}
+        return {row["name"] for row in self._conn().execute("SELECT name FROM tokens WHERE revoked = 1")}
 
     # ---- members' data-plane identities --------------------------------------------------------------------------
     def save_peer(self, node_id: str, peer: PeerRecord) -> None:
@@ -193,7 +238,8 @@ class Store:
 
     def load_peers(self) -> dict[str, PeerRecord]:
         rows = self._conn().execute("SELECT node_id, peer_id, record_key, reachability FROM peers").fetchall()
-        return {r[0]: PeerRecord(r[1], bytes(r[2]), r[3]) for r in rows}
+        return {r["node_id"]: PeerRecord(peer_id=r["peer_id"], record_key=bytes(r["record_key"]),
+                                         reachability=r["reachability"]) for r in rows}
 
     # ---- nodes ---------------------------------------------------------------------------------------------------
     def save_node(self, node: NodeRecord) -> None:
@@ -213,7 +259,7 @@ class Store:
             self._pending[node.node_id] = (node.last_seen, node.metrics)
             if node.last_seen - self._last_history.get(node.node_id, 0.0) >= self.history_every_s:
                 self._last_history[node.node_id] = node.last_seen
-                self._pending_history.append((node.last_seen, node.node_id, node.metrics))
+                self._pending_history.append(HistoryRow(node.last_seen, node.node_id, node.metrics))
             if self._flusher is None and not self._closing.is_set():
                 self._flusher = threading.Thread(target=self._flush_loop, name="store-flush", daemon=True)
                 self._flusher.start()
@@ -243,7 +289,7 @@ class Store:
                 conn.executemany("UPDATE nodes SET last_seen = ?, metrics = ? WHERE node_id = ?",
                                  [(seen, json.dumps(m), node_id) for node_id, (seen, m) in pending.items()])
                 conn.executemany("INSERT INTO history (time, node_id, metrics) VALUES (?, ?, ?)",
-                                 [(t, node_id, json.dumps(m)) for t, node_id, m in history])
+                                 [(h.time, h.node_id, json.dumps(h.metrics)) for h in history])
         except sqlite3.Error:
             with self._pending_lock:  # put them back, newer heartbeats first
                 for node_id, item in pending.items():
@@ -256,14 +302,17 @@ class Store:
         rows = self._conn().execute(
             "SELECT node_id, name, token_name, session_hash, joined, last_seen, left, capabilities, metrics "
             "FROM nodes ORDER BY joined").fetchall()
-        return [NodeRecord(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), json.loads(r[7]), json.loads(r[8]))
+        return [NodeRecord(node_id=r["node_id"], name=r["name"], token_name=r["token_name"],
+                           session_hash=r["session_hash"], joined=r["joined"], last_seen=r["last_seen"],
+                           left=bool(r["left"]), capabilities=json.loads(r["capabilities"]),
+                           metrics=json.loads(r["metrics"]))
                 for r in rows]
 
-    def history(self, since: float = 0.0) -> list[tuple[float, str, dict]]:
+    def history(self, since: float = 0.0) -> list[HistoryRow]:
         self.flush()
         rows = self._conn().execute("SELECT time, node_id, metrics FROM history WHERE time >= ? ORDER BY time",
                                     (since,)).fetchall()
-        return [(t, n, json.loads(m)) for t, n, m in rows]
+        return [HistoryRow(time=r["time"], node_id=r["node_id"], metrics=json.loads(r["metrics"])) for r in rows]
 
     # ---- work units -----------------------------------------------------------------------------------------------
     def save_units(self, units) -> None:
@@ -274,10 +323,12 @@ class Store:
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [(u.epoch, u.index, u.start, u.end, u.state, u.holder, u.deadline, u.attempts) for u in units])
 
-    def load_units(self) -> list[tuple]:
-        """(epoch, index, start, end, state, holder, deadline, attempts) of every stored unit."""
-        return self._conn().execute(
+    def load_units(self) -> list[UnitRow]:
+        """Every stored unit, by epoch and index."""
+        rows = self._conn().execute(
             "SELECT epoch, idx, start, end, state, holder, deadline, attempts FROM units ORDER BY epoch, idx").fetchall()
+        return [UnitRow(epoch=r["epoch"], index=r["idx"], start=r["start"], end=r["end"], state=r["state"],
+                        holder=r["holder"], deadline=r["deadline"], attempts=r["attempts"]) for r in rows]
 
     def forget_epochs(self, epochs: list[int]) -> None:
         """Drop the units of finished epochs (keep the newest finished one: it tells which epoch is current)."""
@@ -290,10 +341,12 @@ class Store:
             conn.execute("INSERT INTO checkpoints (round, path, sha256, created, samples_total) VALUES (?, ?, ?, ?, ?)",
                          (round_number, path, sha256, time.time(), samples_total))
 
-    def checkpoints(self) -> list[tuple[int, str, str, float, int]]:
-        """(round, path, sha256, created, samples_total), newest first."""
-        return self._conn().execute(
+    def checkpoints(self) -> list[CheckpointRow]:
+        """The recorded checkpoints, newest first."""
+        rows = self._conn().execute(
             "SELECT round, path, sha256, created, samples_total FROM checkpoints ORDER BY created DESC").fetchall()
+        return [CheckpointRow(round=r["round"], path=r["path"], sha256=r["sha256"], created=r["created"],
+                              samples_total=r["samples_total"]) for r in rows]
 
     def remove_checkpoint(self, path: str) -> None:
         with self._conn() as conn:
@@ -305,6 +358,8 @@ class Store:
             conn.execute("INSERT INTO evals (time, round, val_loss, val_bpc, metrics) VALUES (?, ?, ?, ?, ?)",
                          (time.time(), round_number, metrics["val_loss"], metrics["val_bpc"], json.dumps(metrics)))
 
-    def evals(self) -> list[tuple[float, int, float, float, dict]]:
+    def evals(self) -> list[EvalRow]:
+        """The evaluations, oldest first."""
         rows = self._conn().execute("SELECT time, round, val_loss, val_bpc, metrics FROM evals ORDER BY time")
-        return [(t, r, loss, bpc, json.loads(m)) for t, r, loss, bpc, m in rows.fetchall()]
+        return [EvalRow(time=r["time"], round=r["round"], val_loss=r["val_loss"], val_bpc=r["val_bpc"],
+                        metrics=json.loads(r["metrics"])) for r in rows.fetchall()]

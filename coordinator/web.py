@@ -28,14 +28,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from cotrain.status import health_to_dict
 from cotrain.v1 import coordinator_pb2 as pb
 
-from cotrain.coordinator.store import Store
+from cotrain.coordinator.store import EvalRow, HistoryRow, Store
 
 logger = logging.getLogger(__name__)
 
 BUCKET_S = 10.0
 
 
-def history_view(rows: list[tuple[float, str, dict]], evals: list[tuple], names: dict[str, str],
+def history_view(rows: list[HistoryRow], evals: list[EvalRow], names: dict[str, str],
                  bucket_s: float = BUCKET_S) -> dict:
     """The dashboard's curves from the stored history rows, as a pure function of them.
 
@@ -45,7 +45,8 @@ def history_view(rows: list[tuple[float, str, dict]], evals: list[tuple], names:
     """
     points, buckets, latest = [], {}, {}
     first_seen, last_seen, best = {}, {}, {}
-    for t, node, m in rows:
+    for row in rows:
+        t, node, m = row.time, row.node_id, row.metrics
         loss = m.get("loss")
         points.append({"t": t, "node": node, "loss": loss if isinstance(loss, (int, float)) and math.isfinite(loss)
                        else None})
@@ -67,8 +68,8 @@ def history_view(rows: list[tuple[float, str, dict]], evals: list[tuple], names:
              for n in best]
     board.sort(key=lambda c: c["samples"], reverse=True)
     return {"points": points, "buckets": out_buckets, "names": names, "leaderboard": board,
-            "evals": [{"t": t, "round": r, "val_loss": loss, "val_bpc": bpc if math.isfinite(bpc) else None}
-                      for t, r, loss, bpc, _ in evals]}
+            "evals": [{"t": e.time, "round": e.round, "val_loss": e.val_loss,
+                       "val_bpc": e.val_bpc if math.isfinite(e.val_bpc) else None} for e in evals]}
 
 
 class SwarmCollector:

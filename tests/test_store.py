@@ -2,7 +2,7 @@
 
 import time
 
-from cotrain.coordinator.store import NodeRecord, Store
+from cotrain.coordinator.store import CheckpointRow, EvalRow, HistoryRow, NodeRecord, PeerRecord, Store, UnitRow
 from cotrain.coordinator.workunits import DONE, IN_PROGRESS, Unit
 
 
@@ -39,6 +39,32 @@ def test_timed_flush_and_a_full_write_supersedes_a_pending_heartbeat(tmp_path):
 def test_units_round_trip_and_finished_epochs_are_forgotten(tmp_path):
     store = Store(tmp_path)
     store.save_units([Unit(0, 0, 0, 10, DONE, "a", 1.0, 1), Unit(1, 0, 0, 10, IN_PROGRESS, "b", 9.0, 2)])
-    assert [Unit(*r) for r in Store(tmp_path).load_units()][1] == Unit(1, 0, 0, 10, IN_PROGRESS, "b", 9.0, 2)
+    rows = Store(tmp_path).load_units()
+    assert rows[1] == UnitRow(epoch=1, index=0, start=0, end=10, state=IN_PROGRESS, holder="b", deadline=9.0, attempts=2)
+    assert Unit(**rows[1]._asdict()) == Unit(1, 0, 0, 10, IN_PROGRESS, "b", 9.0, 2)
     store.forget_epochs([0])
-    assert [r[0] for r in store.load_units()] == [1]
+    assert [r.epoch for r in store.load_units()] == [1]
+
+
+def test_rows_come_back_by_name(tmp_path):
+    store = Store(tmp_path, history_every_s=0.0)
+    store.add_checkpoint(3, "/c/round-3", "ab" * 32, samples_total=96)
+    [checkpoint] = store.checkpoints()
+    assert isinstance(checkpoint, CheckpointRow)
+    assert (checkpoint.round, checkpoint.path, checkpoint.sha256, checkpoint.samples_total) == (3, "/c/round-3",
+                                                                                                  "ab" * 32, 96)
+    store.add_eval(3, {"val_loss": 1.5, "val_bpc": 2.0, "extra": 0.25})
+    [evaluation] = store.evals()
+    assert isinstance(evaluation, EvalRow)
+    assert (evaluation.round, evaluation.val_loss, evaluation.val_bpc) == (3, 1.5, 2.0)
+    assert evaluation.metrics == {"val_loss": 1.5, "val_bpc": 2.0, "extra": 0.25}
+    store.save_node(node())
+    store.record_heartbeat(node(last_seen=2.0, step=7))
+    [row] = store.history()
+    assert row == HistoryRow(time=2.0, node_id="a" * 32, metrics={"step": 7})
+    store.save_peer("a" * 32, PeerRecord("Qm", b"key", "public"))
+    assert store.load_peers() == {"a" * 32: PeerRecord("Qm", b"key", "public")}
+    store.create_token("t", expires=5.0, max_nodes=2)
+    [token] = store.list_tokens()
+    assert (token.name, token.expires, token.revoked, token.max_nodes) == ("t", 5.0, False, 2)
+    store.close()

@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from cotrain.status import health_to_dict
+from cotrain.status import message_to_dict
 from cotrain.v1 import coordinator_pb2 as pb
 
 from cotrain.coordinator.store import EvalRow, HistoryRow, Store
@@ -163,7 +163,7 @@ class WebServer:
                     elif path == "/static/plotly.min.js":
                         self._send(200, plotly_js, "text/javascript")
                     elif path == "/api/status":
-                        self._send(200, json.dumps(health_to_dict(web.health())).encode(), "application/json")
+                        self._send(200, json.dumps(message_to_dict(web.health())).encode(), "application/json")
                     elif path == "/api/history":
                         self._send(200, json.dumps(web.history()).encode(), "application/json")
                     elif path == "/metrics":

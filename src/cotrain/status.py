@@ -33,12 +33,8 @@ def _plain(value):
     return value
 
 
-def health_to_dict(health: pb.SwarmHealth) -> dict:
-    return message_to_dict(health)
-
-
 def health_json(health: pb.SwarmHealth) -> str:
-    return json.dumps(health_to_dict(health), indent=1, sort_keys=True)
+    return json.dumps(message_to_dict(health), indent=1, sort_keys=True)
 
 
 def _fmt_bytes(n: float) -> str:

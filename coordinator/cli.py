@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 from pathlib import Path
 
 from cotrain.config import RunConfig
+from cotrain.exit_codes import ExitCode
 
-from cotrain.coordinator.store import Store
+from cotrain.coordinator.store import Store, TokenExists
 
 
 def add_parser(subparsers) -> None:
@@ -102,7 +104,13 @@ def cmd_token_create(args) -> int:
     if args.max_nodes < 0:
         raise SystemExit("--max-nodes: must be >= 0")
     expires = time.time() + args.expires_in if args.expires_in else None
-    print(Store(args.state_dir).create_token(args.name, expires, args.max_nodes or None))
+    try:
+        token = Store(args.state_dir).create_token(args.name, expires, args.max_nodes or None)
+    except TokenExists as e:
+        print(f"cotrain: token create: {args.state_dir} already holds a token named {e.name!r} (a revoked token "
+              f"keeps its name); pick another name", file=sys.stderr)
+        return ExitCode.STATE
+    print(token)
     return 0
 
 

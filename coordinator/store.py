@@ -60,6 +60,14 @@ class StateDirError(ValueError):
     """The state dir belongs to another run."""
 
 
+class TokenExists(ValueError):
+    """A token of this name exists already: names are unique, and a revoked token keeps its name."""
+
+    def __init__(self, name: str):
+        super().__init__(f"a token named {name!r} exists already (a revoked token keeps its name); pick another name")
+        self.name = name
+
+
 def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
@@ -211,7 +219,7 @@ class Store:
                 conn.execute("INSERT INTO tokens (name, hash, created, expires, revoked, max_nodes) "
                              "VALUES (?, ?, ?, ?, 0, ?)", (name, hash_secret(token), time.time(), expires, max_nodes))
         except sqlite3.IntegrityError:
-            raise ValueError(f"a token named {name!r} exists already; revoke it or pick another name") from None
+            raise TokenExists(name) from None
         return token
 
     def revoke_token(self, name: str) -> bool:

@@ -1,9 +1,15 @@
 """The coordinator's SQLite store: heartbeats written behind in batches, members and units written at once."""
 
+import subprocess
+import sys
 import time
 
-from cotrain.coordinator.store import CheckpointRow, EvalRow, HistoryRow, NodeRecord, PeerRecord, Store, UnitRow
+import pytest
+
+from cotrain.coordinator.store import (CheckpointRow, EvalRow, HistoryRow, NodeRecord, PeerRecord, Store,
+                                      TokenExists, UnitRow)
 from cotrain.coordinator.workunits import DONE, IN_PROGRESS, Unit
+from cotrain.exit_codes import ExitCode
 
 
 def node(node_id="a" * 32, last_seen=1.0, left=False, step=0):
@@ -68,3 +74,28 @@ def test_rows_come_back_by_name(tmp_path):
     [token] = store.list_tokens()
     assert (token.name, token.expires, token.revoked, token.max_nodes) == ("t", 5.0, False, 2)
     store.close()
+
+
+def test_a_token_name_is_taken_once_even_after_revocation(tmp_path):
+    store = Store(tmp_path)
+    store.create_token("alice")
+    store.revoke_token("alice")
+    with pytest.raises(TokenExists) as err:
+        store.create_token("alice")
+    assert err.value.name == "alice"
+    assert [t.name for t in store.list_tokens()] == ["alice"]
+
+
+def test_token_create_twice_ends_with_one_line_and_the_state_exit_code(tmp_path):
+    def create():
+        return subprocess.run([sys.executable, "-m", "cotrain.cli", "coordinator", "token", "create", "bob",
+                               "--state-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+
+    first = create()
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("ct_")
+    second = create()
+    assert second.returncode == ExitCode.STATE
+    assert "Traceback" not in second.stderr and not second.stdout  # no second token printed
+    [line] = second.stderr.strip().splitlines()
+    assert "'bob'" in line

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from cotrain.models import initial_seed
+
 
 class WarmStartError(ValueError):
     pass
@@ -36,11 +38,9 @@ def shrink_perturb(params: dict[str, torch.Tensor], noise: dict[str, torch.Tenso
 
 
 def fresh_parameters(build, seed: int) -> dict[str, torch.Tensor]:
-    """The parameters of a model newly built by ``build()`` with its own initializer, seeded."""
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
+    """The parameters of a model newly built by ``build()`` (which calls :func:`cotrain.models.build_model`) with its
+    own initializer from ``seed`` instead of the run's seed; the caller's random state is left as it was."""
+    with torch.random.fork_rng(devices=[]), initial_seed(seed):
+        torch.manual_seed(seed)  # for a ``build`` that constructs its model itself
         model = build()
-    finally:
-        torch.random.set_rng_state(state)
     return {name: p.detach().clone() for name, p in model.named_parameters()}

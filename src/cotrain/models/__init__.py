@@ -1,18 +1,49 @@
 """The models a swarm can train, built from the run config's ``[model]`` (and, for world models, ``[env]``)."""
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Optional
+
+import torch
 from torch import nn
 
 from cotrain.models.fast_slow import FastSlowLM
 from cotrain.models.rnn_lm import VOCAB_SIZE, RNNLanguageModel
 from cotrain.models.sampling import generate
 
-__all__ = ["VOCAB_SIZE", "FastSlowLM", "RNNLanguageModel", "build_model", "count_parameters", "generate"]
+__all__ = ["VOCAB_SIZE", "FastSlowLM", "RNNLanguageModel", "build_model", "count_parameters", "generate",
+           "initial_seed"]
+
+_seed_override: ContextVar[Optional[int]] = ContextVar("initial_seed", default=None)
 
 
 def build_model(cfg, byte_counts=None) -> nn.Module:
-    """The model of a run config (:class:`cotrain.config.RunConfig`). ``byte_counts`` (256 counts of the training
-    text's byte values, as the coordinator sends them) start a language model's output bias at their log
-    frequencies; world models ignore them."""
+    """The model of a run config (:class:`cotrain.config.RunConfig`) with the run's initial weights. ``byte_counts``
+    (256 counts of the training text's byte values, as the coordinator sends them) start a language model's output
+    bias at their log frequencies; world models ignore them.
+
+    The weights are drawn from ``cfg.run.seed`` alone (inside :func:`initial_seed`, from that seed), on a forked
+    random state: every node, the coordinator and every evaluation get the same initial model whatever they drew
+    before, and the caller's random state is neither read nor changed. The weights equal those of
+    ``torch.manual_seed(cfg.run.seed)`` followed by constructing the model."""
+    seed = _seed_override.get()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.run.seed if seed is None else seed)
+        return _construct(cfg, byte_counts)
+
+
+@contextmanager
+def initial_seed(seed: int):
+    """Inside this block :func:`build_model` draws the weights from ``seed`` instead of the run's seed: fresh
+    weights from the model's own initializer that are not the run's initial ones (shrink and perturb's noise)."""
+    token = _seed_override.set(seed)
+    try:
+        yield
+    finally:
+        _seed_override.reset(token)
+
+
+def _construct(cfg, byte_counts) -> nn.Module:
     m = cfg.model
     if m.is_world_model:
         from cotrain.data.rollouts import env_spec

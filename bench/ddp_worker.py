@@ -4,7 +4,7 @@
         --budget-s S --target-val-loss L --eval-every K --out evals.jsonl
 
 It trains exactly what a cotrain node of the same run config trains: the same model and initial weights
-(``torch.manual_seed(run.seed)`` then ``build_model``), the same contiguous shard of the training split as the
+(``build_model``, from ``run.seed``), the same contiguous shard of the training split as the
 coordinator would assign to the R-th of N nodes, the same batches (``StreamBatches``, hidden state carried across
 batches), the same AdamW, learning-rate schedule and gradient clipping. Gradients are averaged after every step.
 
@@ -52,7 +52,6 @@ def main() -> int:
                             world_size=args.world_size, timeout=timedelta(seconds=300))
     task = build_task(cfg)
     corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)
-    torch.manual_seed(cfg.run.seed)
     model = build_model(cfg, corpus.byte_counts())  # the initial weights a cotrain node starts from
     ddp = DistributedDataParallel(model)
     opt_cfg = cfg.optimizer

@@ -87,13 +87,13 @@ def main() -> int:
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
     cfg = RunConfig.from_dict(dict(
+        run={"seed": 0},
         model={"kind": "lstm", "embed_dim": 64, "hidden_size": args.hidden, "num_layers": 1, "dropout": 0.0},
         data={"source": args.data or default_text(), "seq_len": 64, "batch_size": 32, "max_bytes": args.max_bytes},
         optimizer={"lr": 3e-3, "min_lr": 3e-4}, device="cpu"))
     corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, val_fraction=0.1)
     half = corpus.train.end // 2
 
-    torch.manual_seed(0)
     first = build_model(cfg)
     t1 = train(first, corpus, half, args.steps1, cfg, seed=1)
     first_loss = val_loss(first, corpus, cfg)
@@ -101,8 +101,7 @@ def main() -> int:
           flush=True)
 
     results = {}
-    torch.manual_seed(100)
-    fresh = build_model(cfg)
+    fresh = build_model(cfg.with_overrides(run={"seed": 100}))
     naive = copy.deepcopy(first)
     sp = build_model(cfg)
     noise = fresh_parameters(lambda: build_model(cfg), seed=200)

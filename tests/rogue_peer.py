@@ -109,7 +109,6 @@ def main() -> None:
                   state_bytes_before_refusal=0)
 
     task = build_task(cfg)
-    torch.manual_seed(cfg.run.seed)
     model = task.build_model(None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optimizer.lr)
     admission.members = member_ids

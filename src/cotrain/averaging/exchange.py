@@ -26,6 +26,7 @@ from hivemind.dht import DHT
 from hivemind.p2p import P2PContext, PeerID
 
 from cotrain.averaging.admission import Admission
+from cotrain.ratelimit import TokenBucket
 from cotrain.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -34,27 +35,20 @@ CHUNK_BYTES = 1 << 18  # hivemind streams parts of at most 512 KiB itself; stay 
 
 
 class UploadLimiter:
-    """A token bucket: ``await limiter.take(n)`` returns once n more bytes may go out at ``rate_bps`` bits/s.
-
-    The bucket holds at most ``burst_s`` seconds of tokens, so an idle spell cannot be spent as a long burst.
+    """``await limiter.take(n)`` returns once n more bytes may go out at ``rate_bps`` bits/s: a token bucket of
+    bytes that holds at most ``burst_s`` seconds of them, so an idle spell cannot be spent as a long burst.
     """
 
     def __init__(self, rate_bps: float, burst_s: float = 0.1, clock: Callable[[], float] = time.monotonic):
         if rate_bps <= 0:
             raise ValueError(f"--max-upload-mbps: must be > 0, got {rate_bps / 1e6}")
-        self.rate = rate_bps / 8.0  # bytes per second
-        self.capacity = max(1.0, self.rate * burst_s)
-        self.tokens = self.capacity
+        rate = rate_bps / 8.0  # bytes per second
         self.clock = clock
-        self.updated = clock()
+        self.bucket = TokenBucket(rate, max(1.0, rate * burst_s), clock())
 
     def delay_for(self, nbytes: int) -> float:
         """Seconds to wait before sending ``nbytes`` (and take them from the bucket)."""
-        now = self.clock()
-        self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.rate)
-        self.updated = now
-        self.tokens -= nbytes
-        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+        return self.bucket.take(self.clock(), nbytes)
 
     async def take(self, nbytes: int) -> None:
         delay = self.delay_for(nbytes)

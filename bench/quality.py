@@ -140,7 +140,7 @@ def run_lm(data: str, nodes: int, total_sequences: int, inner_steps: int, outer_
 def run_world_model(nodes: int, rounds: int, env_id: str) -> dict:
     from common import evaluate_state
 
-    from cotrain.controller import controller_vs_random
+    from cotrain.tasks.controller import controller_vs_random
     from cotrain.models import build_model
 
     cfg = RunConfig.from_dict(dict(

@@ -39,7 +39,7 @@ def evaluate_checkpoint(config_toml: str, data: bytes, max_bytes: int = 0, contr
     corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction) if task.needs_corpus else None
     metrics = task.evaluate(model, corpus, max_bytes=max_bytes)
     if controller and cfg.model.is_world_model:
-        from cotrain.controller import controller_vs_random
+        from cotrain.tasks.controller import controller_vs_random
 
         model.eval()
         metrics.update(controller_vs_random(model, cfg.env.id, horizon=cfg.env.horizon, seed=cfg.run.seed))

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from cotrain.controller import LinearPolicy, evaluate_policy, train_controller_in_dream
+from cotrain.tasks.controller import LinearPolicy, evaluate_policy, train_controller_in_dream
 from cotrain.data.rollouts import ENVS, EnvSpec, Rollouts, collect_rollouts, env_spec
 from cotrain.models.world import ActionsWorldModel, MDNRNN, build_world_model
-from cotrain.world_eval import evaluate_world_model
+from cotrain.tasks.world import evaluate_world_model
 
 
 

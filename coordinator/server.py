@@ -181,26 +181,34 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
     async def snapshot():
         return service.health()
 
-    async def admission_tick():
-        """Every second: apply the operator's token revocations; keep the revocation list on the DHT and the
-        coordinator's own credential fresh."""
-        issued, published = time.time(), 0.0
+    async def every_second(what: str, step) -> None:
+        """Run ``step()`` on the service's event loop every second until cancelled."""
         while True:
             try:
-                now = time.time()
-                if service.apply_revocations():  # published on the DHT by the service already
-                    published = now
-                elif now - published >= REVOCATIONS_TTL_S / 4:
-                    board.publish_revocations(issuer.signed_revocations, ttl=REVOCATIONS_TTL_S)
-                    published = now
-                if needs_renewal(issued, now, issuer.ttl):
-                    admission.set_credential(own_credential())
-                    issued = now
+                step()
             except Exception as e:  # noqa: BLE001 - a busy store or DHT: the next tick tries again
-                logger.warning("admission tick: %r", e)
+                logger.warning("%s: %r", what, e)
             await asyncio.sleep(1.0)
 
-    ticker = asyncio.ensure_future(admission_tick())
+    issued, published = time.time(), 0.0
+
+    def admission_step() -> None:
+        """Apply the operator's token revocations; keep the revocation list on the DHT and the coordinator's own
+        credential fresh."""
+        nonlocal issued, published
+        now = time.time()
+        if service.apply_revocations():  # published on the DHT by the service already
+            published = now
+        elif now - published >= REVOCATIONS_TTL_S / 4:
+            board.publish_revocations(issuer.signed_revocations, ttl=REVOCATIONS_TTL_S)
+            published = now
+        if needs_renewal(issued, now, issuer.ttl):
+            admission.set_credential(own_credential())
+            issued = now
+
+    # the service's periodic work: the health view only reads, so lost nodes' and late units go back to the pool here
+    tickers = [asyncio.ensure_future(every_second("admission tick", admission_step)),
+               asyncio.ensure_future(every_second("reclaiming work units", service.reclaim))]
 
     web, managed_token = None, None
     try:
@@ -231,7 +239,8 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
         await stop.wait()
     finally:
         logger.info("coordinator shutting down")
-        ticker.cancel()
+        for ticker in tickers:
+            ticker.cancel()
         await prober.shutdown()
         if web is not None:
             web.stop()

@@ -136,8 +136,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             self.store.save_units(changed)
             self.units.update({u.key: u for u in changed})
 
-    def _reclaim(self) -> None:
-        """Units of nodes that are gone or past their deadline go back to the pool."""
+    def reclaim(self) -> None:
+        """Units of nodes that are gone or past their deadline go back to the pool (the server calls this every
+        second; Leave and GetWork call it too, so a leaver's units and a lost node's are free at once)."""
         now = self.clock()
         active = {n.node_id for n in active_nodes(now, self._views(), self.run.heartbeat_interval,
                                                   self.run.lost_after_missed)}
@@ -302,7 +303,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         node.left, node.last_seen = True, self.clock()
         self.store.save_node(node)
         logger.info("node %s (%s) left: %s", node.name, node.node_id[:8], request.reason[:200] or "no reason given")
-        self._reclaim()  # its units go back to the pool at once
+        self.reclaim()  # its units go back to the pool at once
         return pb.LeaveResponse()
 
     async def GetWork(self, request: pb.GetWorkRequest, context) -> pb.GetWorkResponse:
@@ -310,7 +311,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         if node.left:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this node left the swarm; join again")
         node.last_seen = self.clock()  # asking for work is a sign of life
-        self._reclaim()
+        self.reclaim()
         changed, unit, reason = issue_unit(self.clock(), self.units, self.run.unit_ranges, node.node_id, self.rules)
         self._store_units(changed)
         if unit is None:
@@ -374,8 +375,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         return self.health()
 
     def health(self) -> pb.SwarmHealth:
+        """The swarm as it stands; reads only (lost nodes' units go back to the pool on :meth:`reclaim`)."""
         now = self.clock()
-        self._reclaim()  # lost nodes give their units back
         views = self._views()
         rows, states = [], []
         totals = pb.SwarmTotals(val_loss=self.summary.val_loss, val_bpc=self.summary.val_bpc,

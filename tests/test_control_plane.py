@@ -12,6 +12,7 @@ from cotrain.exit_codes import ExitCode
 from cotrain.protocol import PROTOCOL_VERSION
 from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
+from tiny_swarm import RunningCoordinator, tiny_config
 
 pytestmark = pytest.mark.swarm
 
@@ -149,6 +150,32 @@ def test_work_units_are_handed_out_once_and_rejoin_keeps_identity_and_units(stub
     t = stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=10).totals
     assert t.units_in_progress == 0 and t.units_reissued == 1 and "0/1" in t.scheduling_reason
     assert (work(stub, again).unit.epoch, work(stub, again).unit.index) == (0, 1)  # b's unit, reissued
+
+
+def test_a_silent_nodes_unit_is_reclaimed_by_the_coordinator_alone(tmp_path, corpus_file):
+    """No GetWork, no Leave: the coordinator's periodic tick hands a lost node's unit back (the health view that
+    watches it only reads)."""
+    from cotrain.cli.launch import wait_for
+
+    running = RunningCoordinator(tmp_path, tiny_config(corpus_file, coordinator={"lost_after_missed": 2}))
+    channel = grpc.insecure_channel(running.address)
+    try:
+        stub = pb_grpc.CoordinatorStub(channel)
+        silent = join(stub, running.token, "silent")
+        unit = work(stub, silent).unit
+        assert {n.node_name: list(n.units) for n in stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=10).nodes
+                } == {"silent": [f"{unit.epoch}/{unit.index}"]}
+
+        def reclaimed():
+            t = stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=10).totals
+            return t.units_reissued == 1 and t.units_in_progress == 0
+
+        wait_for(reclaimed, 60, what="the coordinator to reclaim the silent node's unit", procs=[running.proc])
+        health = stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=10)
+        assert {n.node_name: (n.state, list(n.units)) for n in health.nodes} == {"silent": ("lost", [])}
+    finally:
+        channel.close()
+        running.stop()
 
 
 def test_revoked_token_cannot_join(stub, coordinator):

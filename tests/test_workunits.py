@@ -127,6 +127,39 @@ def test_unit_seeds_are_stable_and_distinct():
     assert len({a.seed(7), b.seed(7), a.seed(8), Unit(1, 0, 0, 1).seed(7)}) == 4
 
 
+def test_the_health_view_only_reads_and_the_tick_reclaims_a_lost_nodes_unit(tmp_path):
+    """The service as the server drives it, with a fake clock: GetSwarmHealth changes nothing; the server's
+    periodic tick (CoordinatorService.reclaim, every second) hands a lost node's unit back."""
+    from cotrain.coordinator.admission import Issuer, load_or_create_key
+    from cotrain.coordinator.reachability import Prober
+    from cotrain.coordinator.service import CoordinatorService, RunInfo, SwarmSummary
+    from cotrain.coordinator.store import NodeRecord, Store
+
+    now = [1000.0]
+    store = Store(tmp_path)
+    gone = "a" * 32
+    store.save_node(NodeRecord(gone, "gone", "t", "h", joined=0.0, last_seen=900.0))  # silent for 100 s
+    store.save_units([Unit(0, 0, 0, 100, IN_PROGRESS, gone, deadline=5000.0, attempts=1)])
+    issuer = Issuer(load_or_create_key(tmp_path), "run", 600.0, store.get_meta, store.set_meta, lambda: now[0])
+    run = RunInfo("run", "", None, heartbeat_interval=1.0, lost_after_missed=5, initial_peers=list,
+                  unit_ranges=RANGES, unit_deadline_s=100.0)
+    service = CoordinatorService(store, run, SwarmSummary(), issuer, Prober(), clock=lambda: now[0])
+    try:
+        for _ in range(2):
+            health = service.health()
+            assert {n.node_name: n.state for n in health.nodes} == {"gone": "lost"}
+            assert list(health.nodes[0].units) == ["0/0"]
+            assert health.totals.units_in_progress == 1 and health.totals.units_reissued == 0
+        assert [u.state for u in store.load_units()] == [IN_PROGRESS]
+
+        service.reclaim()
+        assert [(u.state, u.holder) for u in store.load_units()] == [(PENDING, "")]
+        totals = service.health().totals
+        assert totals.units_in_progress == 0 and totals.units_reissued == 1 and "0/0" in totals.scheduling_reason
+    finally:
+        store.close()
+
+
 class FlakyClient:
     """A coordinator client whose coordinator can be switched off (unit test of the node's work queue)."""
 

@@ -67,7 +67,7 @@ def run_plain(data: str, total_sequences: int = 0, wall_s: float = 0.0, hidden_s
     import torch
 
     from cotrain.data import Corpus, StreamBatches
-    from cotrain.evaluation import evaluate_lm
+    from cotrain.tasks.language import evaluate_lm
     from cotrain.node.runner import cosine_lr, lr_at
     from cotrain.tasks import build_task
 

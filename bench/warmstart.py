@@ -31,7 +31,7 @@ from common import default_text, print_table, write_json  # noqa: E402
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.data import Corpus, StreamBatches  # noqa: E402
-from cotrain.evaluation import evaluate_lm  # noqa: E402
+from cotrain.tasks.language import evaluate_lm  # noqa: E402
 from cotrain.models import build_model  # noqa: E402
 from cotrain.warmstart import fresh_parameters, shrink_perturb  # noqa: E402
 

@@ -18,7 +18,7 @@ import torch
 from cotrain.checkpoint import load_checkpoint
 from cotrain.config import RunConfig
 from cotrain.data import Corpus
-from cotrain.evaluation import evaluate_lm
+from cotrain.tasks.language import evaluate_lm
 from cotrain.cli.launch import LaunchError, start_coordinator, start_node, wait_for
 from cotrain.models import build_model, generate
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -10,8 +12,11 @@ from torch.nn import functional as F
 from cotrain.config import RunConfig
 from cotrain.data import Corpus, StreamBatches
 from cotrain.data.streams import ReadFn
-from cotrain.evaluation import evaluate_lm
 from cotrain.models import build_model
+
+#: parallel streams of the held-out evaluation, whatever the run trains with: every evaluation of one model, by
+#: whoever runs it, reads the validation split the same way and gets the same number
+EVAL_BATCH_SIZE = 8
 
 
 class LanguageTrainData:
@@ -53,7 +58,45 @@ class LanguageTask:
         loss = F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten())
         return loss, state, x.shape[0]
 
-    def evaluate(self, model, corpus: Optional[Corpus], max_bytes: int = 0) -> dict[str, float]:
+    def evaluate(self, model, corpus: Optional[Corpus], max_bytes: int = 0,
+                 controller: bool = False) -> dict[str, float]:
+        """Loss (nats per byte) and bits per byte over the validation split of ``corpus`` (its first ``max_bytes``
+        when > 0); ``controller`` is for world models. Callers go through :mod:`cotrain.evaluation`."""
         result = evaluate_lm(model, corpus.read, corpus.val.start, corpus.val.end, self.cfg.data.seq_len,
-                             batch_size=8, max_bytes=max_bytes)
+                             batch_size=EVAL_BATCH_SIZE, max_bytes=max_bytes)
         return {"val_loss": result.loss, "val_bpc": result.bpc}
+
+
+@dataclass(frozen=True)
+class LMEval:
+    loss: float  # nats per byte
+    bytes: int
+
+    @property
+    def bpc(self) -> float:
+        return self.loss / math.log(2)
+
+
+@torch.no_grad()
+def evaluate_lm(model, read: ReadFn, start: int, end: int, seq_len: int, batch_size: int = EVAL_BATCH_SIZE,
+                max_bytes: int = 0) -> LMEval:
+    """Mean cross-entropy (nats per byte) over [start, end) with the hidden state carried across batches.
+
+    ``max_bytes`` > 0 evaluates only the first that many bytes of the range (a cheaper, fixed estimate).
+    """
+    if max_bytes:
+        end = min(end, start + max_bytes)
+    batch_size = max(1, min(batch_size, (end - start) // (seq_len + 1)))
+    batches = StreamBatches(read, start, end, batch_size, seq_len)
+    steps = max(1, (batches.stream_len - 1) // seq_len)
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, count, state = 0.0, 0, None
+    for _ in range(steps):
+        x, y, _ = batches.next_batch()
+        logits, state = model(x.to(device), state)
+        total += F.cross_entropy(logits.flatten(0, 1).float(), y.to(device).flatten(), reduction="sum").item()
+        count += y.numel()
+    model.train(was_training)
+    return LMEval(total / count, count)

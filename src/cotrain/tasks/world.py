@@ -18,8 +18,8 @@ Everything is masked: padding after an episode terminated never counts.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Optional
 
 import torch
 from torch import nn
@@ -66,7 +66,6 @@ class WorldModelTask:
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
-        self._held_out = None
 
     def build_model(self, byte_counts=None):
         return build_model(self.cfg)  # byte counts are for language models
@@ -79,22 +78,30 @@ class WorldModelTask:
         loss, _ = model.loss(batch.to(device))
         return loss, None, len(batch)
 
-    def held_out(self):
-        if self._held_out is None:
-            env = self.cfg.env
-            self._held_out = collect_rollouts(env.id, env.eval_episodes, env.horizon,
-                                              seed=self.cfg.run.seed + EVAL_SEED_OFFSET)
-        return self._held_out
+    def held_out(self) -> Rollouts:
+        env = self.cfg.env
+        return held_out_rollouts(env.id, env.eval_episodes, env.horizon, self.cfg.run.seed + EVAL_SEED_OFFSET)
 
-    def evaluate(self, model, corpus=None, max_bytes: int = 0) -> dict[str, float]:
-        was_training = model.training
-        model.eval()
-        with torch.no_grad():
-            metrics = evaluate_world_model(model, self.held_out())
-        model.train(was_training)
+    def evaluate(self, model, corpus=None, max_bytes: int = 0, controller: bool = False) -> dict[str, float]:
+        """The metrics of :func:`evaluate_world_model` on the held-out rollouts (``val_loss`` is the NLL); with
+        ``controller``, the real returns of a controller trained in the model's dream and of a random policy
+        (:func:`cotrain.tasks.controller.controller_vs_random`). Callers go through :mod:`cotrain.evaluation`."""
+        metrics = evaluate_world_model(model, self.held_out())
         out = {"val_loss": metrics["nll"], "val_bpc": math.nan}
         out.update({k: float(v) for k, v in metrics.items()})
+        if controller:
+            from cotrain.tasks.controller import controller_vs_random  # imports cma: only where it is asked for
+
+            out.update(controller_vs_random(model, self.cfg.env.id, horizon=self.cfg.env.horizon,
+                                            seed=self.cfg.run.seed))
         return out
+
+
+@functools.lru_cache(maxsize=4)
+def held_out_rollouts(env_id: str, episodes: int, horizon: int, seed: int) -> Rollouts:
+    """The held-out rollouts, collected once per process, so that an evaluator evaluating every few rounds does not
+    collect them again (evaluation only reads them)."""
+    return collect_rollouts(env_id, episodes, horizon, seed=seed)
 
 
 @torch.no_grad()

@@ -209,11 +209,12 @@ class CoordinatorClient:
 
 
 def _gpu_count() -> int:
-    try:
-        import torch
+    import torch
 
+    try:
         return torch.cuda.device_count()
-    except Exception:
+    except RuntimeError as e:  # a broken driver: the node still trains on its CPUs
+        logger.warning("cannot count GPUs (%s); reporting none", e)
         return 0
 
 

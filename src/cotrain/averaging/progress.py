@@ -162,12 +162,13 @@ class ProgressBoard:
     def subkey(self, peer_id: str) -> bytes:
         return peer_id.encode() + self.signer.local_public_key
 
-    def publish(self, progress: PeerProgress) -> None:
+    def publish(self, progress: PeerProgress):
+        """Store this peer's record; -> the store's future (True once a DHT node, this one included, kept it)."""
         record = progress.to_record()
         record["time"] = float(get_dht_time())
         record["cred"] = self.admission.credential()
-        self.dht.store(self.key, subkey=self.subkey(progress.peer_id), value=record,
-                       expiration_time=get_dht_time() + self.ttl, return_future=True)
+        return self.dht.store(self.key, subkey=self.subkey(progress.peer_id), value=record,
+                              expiration_time=get_dht_time() + self.ttl, return_future=True)
 
     # ---- revocations ---------------------------------------------------------------------------------------------
     def publish_revocations(self, signed: bytes, ttl: float) -> None:

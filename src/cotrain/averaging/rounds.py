@@ -42,6 +42,7 @@ from cotrain.averaging.state import STATE_KEY, Progress, download_state, pick_do
 from cotrain.checkpoint import Checkpoint, encode_checkpoint, named_state, shared_tensors_of
 from cotrain.compression import PowerSGD, make_codec
 from cotrain.config import AveragingConfig, CompressionConfig
+from cotrain.outage import Outage
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,10 @@ ROUND_KEY_BITS = 16  # the round number, modulo 2**16, is the hivemind group key
 #: heartbeat interval while the coordinator is up; the DHT is the way it reaches nodes whose coordinator link is
 #: down, so a few seconds is plenty, and reading every progress interval cost rounds 2% on 2 cores
 REVOCATIONS_READ_S = 5.0
+
+
+class PublishRefused(RuntimeError):
+    """No DHT node stored this peer's progress record (every one it reached refused it, or none answered)."""
 
 
 def round_group_bits(round_number: int) -> str:
@@ -181,19 +186,29 @@ class RoundAverager(abc.ABC):
     # ---- progress board ------------------------------------------------------------------------------------------
     def _publish_loop(self) -> None:
         revocations_read = 0.0
+        outage = Outage("progress board", logger)
+        action = f"retrying every {self.cfg.progress_interval:g}s"
+        published = None  # the last publication's future, checked one interval later (never waited on)
         while not self._stop.is_set():
             try:
-                self.board.publish(self.progress(self.phase))
+                if published is not None and published.done() and published.result() is not True:
+                    raise PublishRefused("no DHT node stored this peer's progress record")
+                published = self.board.publish(self.progress(self.phase))
                 peers = self.board.read()
-                if peers is not None:  # a DHT that did not answer in time leaves what we knew (it goes stale)
-                    self._peers = peers
-                    self._board_read.set()
+                if peers is None:  # a DHT that did not answer in time leaves what we knew (it goes stale)
+                    raise TimeoutError("the DHT did not answer a read of the progress board in time")
+                self._peers = peers
+                self._board_read.set()
                 if self.admission.enabled and time.monotonic() - revocations_read >= REVOCATIONS_READ_S:
                     revocations_read = time.monotonic()
                     self.board.read_revocations()
-            except Exception as e:  # the DHT is shutting down or briefly unreachable
+                outage.succeeded()
+            except (TimeoutError, PublishRefused, OSError, EOFError) as e:
+                if not self._stop.is_set():  # shutting down, or the DHT briefly unreachable
+                    outage.failed(e, action=action)
+            except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, the board keeps going
                 if not self._stop.is_set():
-                    logger.warning("progress board: %r; retrying in %.1fs", e, self.cfg.progress_interval)
+                    outage.failed(e, expected=False, action=action)
             self._stop.wait(self.cfg.progress_interval)
 
     def progress(self, phase: str = "train") -> PeerProgress:
@@ -433,8 +448,8 @@ class RoundAverager(abc.ABC):
         self._publisher.join(timeout=5)
         try:  # tell the peers at once that we are gone, rather than letting our record expire
             self.board.publish(self.progress("left"))
-        except Exception:
-            pass
+        except Exception as e:  # noqa: BLE001 - the record then expires by itself within its TTL
+            logger.warning("could not announce leaving on the progress board (%r); the record expires by itself", e)
         self.exchange.shutdown()
         if self.averager.is_alive():
             self.averager.shutdown()

@@ -37,7 +37,8 @@ def download_state(exchange: Exchange, donors: Sequence[PeerProgress], timeout: 
         started = time.monotonic()
         try:
             peer = PeerID.from_base58(donor.peer_id)
-        except Exception:
+        except ValueError:  # records were checked when read; a malformed id here is a bug worth seeing
+            logger.warning("donor %r has no valid peer id; trying the next", donor.peer_id[:64])
             continue
         data = exchange.fetch(peer, STATE_KEY, wait_s=0.0, timeout=timeout, on_progress=on_progress, state=True)
         if not data:

@@ -15,29 +15,31 @@ volunteer need not type them each time; flags on the command line win over the f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import socket
 import tomllib
 from pathlib import Path
 
-from cotrain.config import ATTACKS
-from cotrain.node.limits import parse_size
+from cotrain.node.options import FLAGS, OPTIONS, Flag, NodeOptions
 
-#: option -> (type, default); the types also check the config file's values
-OPTIONS = {
-    "coordinator": (str, None), "token": (str, None), "name": (str, None), "state_dir": (str, None),
-    "max_steps": (int, 0), "max_rounds": (int, 0), "duration": (float, 0.0), "threads": (int, 0),
-    "wait_peers": (int, 0), "dht_host": (str, "127.0.0.1"), "dht_port": (int, 0), "dht_announce": (str, ""), "client_mode": (bool, False),
-    "max_cpus": (int, 0), "max_memory": (str, ""), "max_upload_mbps": (float, 0.0), "only_when_idle": (bool, False),
-    "ca": (str, None), "insecure": (bool, False), "attack": (str, ""), "assume_public": (bool, False),
-}
+__all__ = ["OPTIONS", "add_parser", "add_tls_flags", "resolve_options"]
 
 
 def add_tls_flags(parser: argparse.ArgumentParser, default=False) -> None:
+    """--ca and --insecure, which exclude each other (for every command that talks to a coordinator).
+    ``default=argparse.SUPPRESS`` leaves unset flags absent, so that a config file can fill them."""
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--ca", metavar="FILE", help="CA certificate that signed the coordinator's TLS certificate "
-                                                    "(default: the system's roots)")
-    group.add_argument("--insecure", action="store_true", default=default,
-                       help="plaintext gRPC, for loopback demos and tests")
+    for flag in (OPTIONS["ca"], OPTIONS["insecure"]):
+        _add(group, flag, default if flag.kind is bool or default is argparse.SUPPRESS else None)
+
+
+def _add(parser, flag: Flag, default) -> None:
+    kwargs = dict(default=default, help=argparse.SUPPRESS if flag.hidden else flag.help)
+    if flag.kind is bool:
+        kwargs["action"] = "store_true"
+    else:
+        kwargs.update(type=flag.kind, metavar=flag.metavar, choices=flag.choices)
+    parser.add_argument(flag.flag, **kwargs)
 
 
 def add_parser(subparsers) -> None:
@@ -46,100 +48,74 @@ def add_parser(subparsers) -> None:
     join = node.add_parser("join", help="join a coordinator's run and train until stopped",
                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     S = argparse.SUPPRESS  # unset flags stay absent, so that the config file can fill them
-    join.add_argument("coordinator", metavar="COORDINATOR", nargs="?", default=S,
-                      help="the coordinator's HOST:PORT (or `coordinator` in --config)")
+    join.add_argument("coordinator", metavar="COORDINATOR", nargs="?", default=S, help=OPTIONS["coordinator"].help)
     join.add_argument("--config", type=Path, default=None, help="node config file (TOML) with any of these options")
-    join.add_argument("--token", default=S, help="join token the operator gave you")
-    join.add_argument("--name", default=S, help="name shown on the dashboard (default: hostname)")
-    join.add_argument("--state-dir", default=S, help="keeps this node's identity, so a restart resumes as the same node")
-    join.add_argument("--max-steps", type=int, default=S, help="leave after this many local steps (0: never)")
-    join.add_argument("--max-rounds", type=int, default=S, help="leave after this many averaging rounds (0: never)")
-    join.add_argument("--duration", type=float, default=S, help="leave after this many seconds (0: never)")
-    join.add_argument("--threads", type=int, default=S, help="torch threads for training (0: torch's default)")
-    join.add_argument("--wait-peers", type=int, default=S,
-                      help="before training, wait (up to 5 minutes) until this many peers are in the swarm")
-    join.add_argument("--dht-host", default=S, help="address the DHT peer listens on (default 127.0.0.1: this "
-                                                     "machine only; 0.0.0.0 lets other volunteers connect)")
-    join.add_argument("--dht-port", type=int, default=S,
-                      help="port the DHT peer listens on (default 0: any free port; fix it to forward it on a router)")
-    join.add_argument("--dht-announce", default=S, metavar="MULTIADDR",
-                      help="address to tell peers instead of the listening one (a public address)")
-    join.add_argument("--client-mode", action="store_true", default=S,
-                      help="make outgoing DHT connections only (behind NAT; cannot serve state to others)")
-    join.add_argument("--assume-public", action="store_true", default=S, help=argparse.SUPPRESS)  # benches only
-    join.add_argument("--attack", default=S, choices=ATTACKS,
-                      help="for benches and tests of robust aggregation only: this node sends corrupted updates")
     limits = join.add_argument_group("your limits")
-    limits.add_argument("--max-cpus", type=int, default=S, help="use at most this many CPUs")
-    limits.add_argument("--max-memory", default=S, help="leave cleanly when using more memory than this (e.g. 4G)")
-    limits.add_argument("--max-upload-mbps", type=float, default=S, help="cap what this node sends, in Mbit/s")
-    limits.add_argument("--only-when-idle", action="store_true", default=S,
-                        help="pause training while other programs keep this machine busy")
-    group = join.add_mutually_exclusive_group()
-    group.add_argument("--ca", metavar="FILE", default=S, help="CA certificate that signed the coordinator's TLS "
-                                                               "certificate (default: the system's roots)")
-    group.add_argument("--insecure", action="store_true", default=S, help="plaintext gRPC, for loopback demos and tests")
+    for flag in FLAGS:
+        if flag.group == "" and flag.name != "coordinator":
+            _add(join, flag, S)
+        elif flag.group == "limits":
+            _add(limits, flag, S)
+    add_tls_flags(join, S)
     join.set_defaults(handler=cmd_join)
 
 
-def resolve_options(args: argparse.Namespace) -> dict:
-    """Command line over config file over defaults, each value checked; a bad one names its flag or key."""
-    values = {}
-    if args.config is not None:
-        try:
-            loaded = tomllib.loads(Path(args.config).read_text())
-        except OSError as e:
-            raise SystemExit(f"--config: cannot read {args.config}: {e.strerror or e}")
-        except tomllib.TOMLDecodeError as e:
-            raise SystemExit(f"--config: {args.config} is not valid TOML: {e}")
-        loaded = loaded.get("node", loaded)
-        for key, value in loaded.items():
-            if key not in OPTIONS:
-                raise SystemExit(f"--config: unknown key {key!r} in {args.config}")
-            kind = OPTIONS[key][0]
-            if kind is float and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
-            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise SystemExit(f"--config: {key} must be {kind.__name__}, got {value!r}")
-            values[key] = value
-    for key in OPTIONS:
-        if hasattr(args, key):
-            values[key] = getattr(args, key)
-    out = {key: values.get(key, default) for key, (_, default) in OPTIONS.items()}
-    if not out["coordinator"]:
-        raise SystemExit("node join: give the coordinator's HOST:PORT (or `coordinator` in --config)")
-    if not out["token"]:
-        raise SystemExit("--token: required (or `token` in --config)")
-    for key in ("max_steps", "max_rounds", "threads", "wait_peers", "max_cpus"):
-        if out[key] < 0:
-            raise SystemExit(f"--{key.replace('_', '-')}: must be >= 0")
-    if not 0 <= out["dht_port"] <= 65535:
-        raise SystemExit(f"--dht-port: must be in 0..65535, got {out['dht_port']}")
-    for key in ("duration", "max_upload_mbps"):
-        if out[key] < 0:
-            raise SystemExit(f"--{key.replace('_', '-')}: must be >= 0")
-    if out["attack"] and out["attack"] not in ATTACKS:
-        raise SystemExit(f"--config: attack must be one of {', '.join(ATTACKS)}, got {out['attack']!r}")
-    if out["ca"] and out["insecure"]:
-        raise SystemExit("--ca and --insecure exclude each other")
+def _read_config(path: Path) -> dict:
+    """A node config file's values, each checked against its flag's kind; an error names the key."""
     try:
-        out["max_memory"] = parse_size(out["max_memory"]) if out["max_memory"] else 0
-    except ValueError as e:
-        raise SystemExit(str(e))
-    out["name"] = out["name"] or socket.gethostname()
+        loaded = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise SystemExit(f"--config: cannot read {path}: {e.strerror or e}")
+    except tomllib.TOMLDecodeError as e:
+        raise SystemExit(f"--config: {path} is not valid TOML: {e}")
+    values = {}
+    for key, value in loaded.get("node", loaded).items():
+        if key not in OPTIONS:
+            raise SystemExit(f"--config: unknown key {key!r} in {path}")
+        kind = OPTIONS[key].kind
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise SystemExit(f"--config: {key} must be {kind.__name__}, got {value!r}")
+        values[key] = value
+    return values
+
+
+def _check(flag: Flag, value) -> None:
+    if flag.limits is not None and not flag.limits[0] <= value <= flag.limits[1]:
+        low, high = flag.limits
+        allowed = f">= {low:g}" if high == float("inf") else f"in {low:g}..{high:g}"
+        raise SystemExit(f"{flag.flag}: must be {allowed}, got {value}")
+    if flag.choices is not None and value and value not in flag.choices:
+        raise SystemExit(f"{flag.flag}: must be one of {', '.join(flag.choices)}, got {value!r}")
+
+
+def resolve_options(args: argparse.Namespace) -> dict:
+    """Command line over config file over defaults, each value checked; a bad one names its flag or key.
+    -> the :class:`NodeOptions` fields the volunteer set (converted: "4G" -> bytes, ...) and the defaults of the
+    others."""
+    values = _read_config(args.config) if getattr(args, "config", None) is not None else {}
+    values.update({name: getattr(args, name) for name in OPTIONS if hasattr(args, name)})
+    if not values.get("coordinator"):
+        raise SystemExit("node join: give the coordinator's HOST:PORT (or `coordinator` in --config)")
+    if not values.get("token"):
+        raise SystemExit("--token: required (or `token` in --config)")
+    if values.get("ca") and values.get("insecure"):
+        raise SystemExit("--ca and --insecure exclude each other")
+    out = {f.name: f.default for f in dataclasses.fields(NodeOptions) if f.default is not dataclasses.MISSING}
+    for name, value in values.items():
+        flag = OPTIONS[name]
+        _check(flag, value)
+        try:
+            out[name] = flag.convert(value) if flag.convert is not None else value
+        except ValueError as e:
+            raise SystemExit(str(e) if str(e).startswith(flag.flag) else f"{flag.flag}: {e}")
+    out["name"] = out.get("name") or socket.gethostname()
     return out
 
 
 def cmd_join(args) -> int:
-    from cotrain.node.runner import Node, NodeOptions  # torch and hivemind: only when a node really starts
+    from cotrain.node.runner import Node  # torch and hivemind: only when a node really starts
 
-    o = resolve_options(args)
-    Node(NodeOptions(coordinator=o["coordinator"], token=o["token"], name=o["name"], insecure=o["insecure"],
-                     ca=o["ca"], state_dir=Path(o["state_dir"]) if o["state_dir"] else None,
-                     max_steps=o["max_steps"], max_rounds=o["max_rounds"], wait_peers=o["wait_peers"],
-                     duration=o["duration"], threads=o["threads"], dht_host=o["dht_host"], dht_port=o["dht_port"],
-                     dht_announce=(o["dht_announce"],) if o["dht_announce"] else (),
-                     client_mode=o["client_mode"], assume_public=o["assume_public"], max_cpus=o["max_cpus"], max_memory=o["max_memory"],
-                     max_upload_mbps=o["max_upload_mbps"], only_when_idle=o["only_when_idle"],
-                     attack=o["attack"])).run()
+    Node(NodeOptions(**resolve_options(args))).run()
     return 0

@@ -16,63 +16,29 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import grpc
 import torch
 
 from cotrain.averaging import Admission, RoundAverager, build_strategy, load_record_key, start_dht, visible_maddrs
 from cotrain.averaging.admission import AdmissionError, public_key_from_bytes
 from cotrain.checkpoint import (CheckpointError, atomic_write_bytes, decode_checkpoint, load_checkpoint, named_state,
                                 save_checkpoint)
+from cotrain.client import CoordinatorClient
 from cotrain.config import RunConfig
 from cotrain.models import count_parameters
+from cotrain.outage import Outage
 from cotrain.protocol import DIAL_OUT_ONLY
 from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
-from cotrain.client import CoordinatorClient
+from cotrain.node.options import NodeOptions
 from cotrain.node.work import WorkQueue
 from cotrain.node.limits import IdleMonitor, OtherProcessesLoad, pin_cpus, resident_bytes
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class NodeOptions:
-    coordinator: str
-    token: str
-    name: str
-    insecure: bool = False
-    ca: Optional[str] = None
-    #: keeps this node's identity (node id, DHT key) so that a restart resumes as the same node
-    state_dir: Optional[Path] = None
-    #: stop after this many local steps / averaging rounds / seconds (0: run until stopped)
-    max_steps: int = 0
-    max_rounds: int = 0
-    duration: float = 0.0
-    #: torch threads for training (0: torch's default)
-    threads: int = 0
-    #: address the node's DHT peer listens on; client mode makes only outgoing connections (behind NAT)
-    dht_host: str = "127.0.0.1"
-    dht_port: int = 0
-    dht_announce: tuple = ()
-    client_mode: bool = False
-    #: announce the DHT address even when the coordinator cannot dial it (benches of what that costs the swarm)
-    assume_public: bool = False
-    log_every_s: float = 10.0
-    #: a volunteer's limits (0 / False: none); see cotrain.node.limits
-    max_cpus: int = 0
-    max_memory: int = 0
-    max_upload_mbps: float = 0.0
-    only_when_idle: bool = False
-    #: before the first step, wait (up to wait_peers_timeout s) until this many peers are in the swarm
-    wait_peers: int = 0
-    wait_peers_timeout: float = 300.0
-    state_download_timeout: float = 30.0
-    #: byzantine for benches and tests: the contributions this node sends (cotrain.averaging.attacks)
-    attack: str = ""
 
 
 def pick_device(name: str) -> torch.device:
@@ -437,7 +403,7 @@ class Node:
                                   refused_peers=sorted(self.admission.refused_peers)[:32])
 
     def _heartbeat_loop(self, interval: float) -> None:
-        unreachable_since = None
+        outage = Outage("heartbeat", logger)
         while not self.stop.wait(interval):
             if self.options.max_memory and resident_bytes() > self.options.max_memory:
                 self.request_stop(f"using {resident_bytes() / 2**20:.0f} MiB, more than --max-memory "
@@ -445,14 +411,13 @@ class Node:
                 break
             try:
                 response = self.client.heartbeat(self.node_metrics())
-            except Exception as e:  # keep training while the coordinator is away; the swarm does not need it
-                if unreachable_since is None:
-                    unreachable_since = time.monotonic()
-                    logger.warning("heartbeat failed (%s); training on and retrying", getattr(e, "code", lambda: e)())
+            except grpc.RpcError as e:  # keep training while the coordinator is away; the swarm does not need it
+                outage.failed(e, action="training on and retrying")
                 continue
-            if unreachable_since is not None:
-                logger.info("coordinator reachable again after %.0fs", time.monotonic() - unreachable_since)
-                unreachable_since = None
+            except Exception as e:  # noqa: BLE001 - a bug here must not stop training: logged with its traceback
+                outage.failed(e, expected=False, action="training on and retrying")
+                continue
+            outage.succeeded()
             self.admission.set_credential(response.credential)
             if self.admission.apply_revocations(response.revocations) and self.averaging is not None:
                 self.averaging.board.sync_validator()

@@ -10,6 +10,7 @@ results go into the run's metrics.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 from cotrain.averaging import Exchange, ProgressBoard, download_state, pick_donors
 from cotrain.checkpoint import save_checkpoint
 from cotrain.config import RunConfig
+from cotrain.outage import Outage
 from cotrain.coordinator.evaluator import Evaluator
 from cotrain.coordinator.service import SwarmSummary
 from cotrain.coordinator.store import Store
@@ -36,6 +38,7 @@ class Checkpointer(threading.Thread):
         self.folder = store.state_dir / "checkpoints"
         self.stop_event = threading.Event()
         self.wake = threading.Event()
+        self.failures = Outage("checkpoint", logger)
         checkpoints = store.checkpoints()
         self.last_round = checkpoints[0].round if checkpoints else -1
         if checkpoints:
@@ -50,8 +53,11 @@ class Checkpointer(threading.Thread):
         while not self.stop_event.is_set():
             try:
                 self.tick()
-            except Exception:
-                logger.exception("checkpoint attempt failed; will retry")
+                self.failures.succeeded()
+            except (OSError, sqlite3.Error) as e:  # a full disk, a busy store, a peer that went away mid-download
+                self.failures.failed(e, action="retrying next interval")
+            except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, and the next interval tries again
+                self.failures.failed(e, expected=False, action="retrying next interval")
             self.wake.wait(self.cfg.coordinator.checkpoint_interval_s)
             self.wake.clear()
 

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from cotrain.checkpoint import atomic_write_bytes, load_checkpoint, named_state,
 from cotrain.config import RunConfig
 from cotrain.data import Corpus
 from cotrain.models import build_model
+from cotrain.outage import Outage
 from cotrain.protocol import CHANNEL_OPTIONS, parse_address
 from cotrain.warmstart import fresh_parameters, shrink_perturb
 from cotrain.v1 import coordinator_pb2 as pb
@@ -182,12 +184,17 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
         return service.health()
 
     async def every_second(what: str, step) -> None:
-        """Run ``step()`` on the service's event loop every second until cancelled."""
+        """Run ``step()`` on the service's event loop every second until cancelled; a failure is logged once per
+        outage (and a reminder a minute), and the next tick tries again."""
+        failures = Outage(what, logger)
         while True:
             try:
                 step()
-            except Exception as e:  # noqa: BLE001 - a busy store or DHT: the next tick tries again
-                logger.warning("%s: %r", what, e)
+                failures.succeeded()
+            except (sqlite3.Error, OSError, EOFError) as e:  # a busy or full store, the DHT process gone
+                failures.failed(e)
+            except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback; the coordinator serves on
+                failures.failed(e, expected=False)
             await asyncio.sleep(1.0)
 
     issued, published = time.time(), 0.0

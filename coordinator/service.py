@@ -358,7 +358,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         for checkpoint in self.store.checkpoints():
             try:
                 data = Path(checkpoint.path).read_bytes()
-            except OSError:
+            except OSError as e:
+                logger.warning("checkpoint %s cannot be read (%s); offering the previous one", checkpoint.path, e)
                 continue
             if hashlib.sha256(data).hexdigest() != checkpoint.sha256:
                 logger.warning("checkpoint %s is corrupt; offering the previous one", checkpoint.path)

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+from cotrain.outage import Outage
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS tokens (
@@ -273,11 +275,15 @@ class Store:
                 self._flusher.start()
 
     def _flush_loop(self) -> None:
+        failures = Outage("writing heartbeats", logging.getLogger(__name__))
         while not self._closing.wait(self.flush_every_s):
             try:
                 self.flush()
-            except sqlite3.Error as e:  # e.g. the disk is full: keep the rows and try again
-                logging.getLogger(__name__).warning("writing heartbeats failed, will retry: %s", e)
+                failures.succeeded()
+            except sqlite3.Error as e:  # e.g. the disk is full: the rows are kept and written on the next try
+                failures.failed(e)
+            except Exception as e:  # noqa: BLE001 - a bug: those rows are lost, later heartbeats are still written
+                failures.failed(e, expected=False, action="dropping those rows")
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()

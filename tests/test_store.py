@@ -99,3 +99,44 @@ def test_token_create_twice_ends_with_one_line_and_the_state_exit_code(tmp_path)
     assert "Traceback" not in second.stderr and not second.stdout  # no second token printed
     [line] = second.stderr.strip().splitlines()
     assert "'bob'" in line
+
+
+def test_a_failing_flush_warns_once_per_outage_and_keeps_the_rows(tmp_path, caplog):
+    import logging
+    import sqlite3
+
+    store = Store(tmp_path, flush_every_s=0.01)
+    store.save_node(node())
+    real_conn, attempts = store._conn, []
+
+    class FullDisk:
+        """A connection whose writes fail as on a full disk."""
+
+        def __init__(self, conn):
+            self.conn = conn
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.conn.__exit__(*exc)
+
+        def executemany(self, *args):
+            attempts.append(1)
+            raise sqlite3.OperationalError("database or disk is full")
+
+    caplog.set_level(logging.INFO, logger="cotrain.coordinator.store")
+    store._conn = lambda: FullDisk(real_conn())
+    store.record_heartbeat(node(last_seen=2.0, step=7))
+    deadline = time.monotonic() + 30
+    while len(attempts) < 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(attempts) >= 20
+    store._conn = real_conn  # the disk has room again
+    other = Store(tmp_path)
+    while other.load_nodes()[0].metrics["step"] != 7 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    store.close()
+    assert other.load_nodes()[0].metrics["step"] == 7  # kept through every failed attempt
+    warnings = [r for r in caplog.records if r.name == "cotrain.coordinator.store" and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1  # one for the outage, not one per attempt

@@ -22,16 +22,21 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
+from google.protobuf.message import DecodeError
 from hivemind.dht import DHT
-from hivemind.p2p import P2PContext, PeerID
+from hivemind.p2p import P2PContext, P2PDaemonError, P2PHandlerError, PeerID
 
 from cotrain.averaging.admission import Admission
+from cotrain.outage import Outage
 from cotrain.ratelimit import TokenBucket
 from cotrain.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 18  # hivemind streams parts of at most 512 KiB itself; stay well below
+#: what talking to a peer raises when the peer died, its daemon refused, or the stream broke or came garbled: part of
+#: a swarm's life (the piece is missing, the round goes on without it), not a fault of this peer's
+PEER_ERRORS = (P2PDaemonError, P2PHandlerError, OSError, EOFError, DecodeError)
 
 
 class UploadLimiter:
@@ -74,6 +79,10 @@ class Exchange:
         self._serving = 0
         self._last_publish = 0.0
         self._last_refused_log = 0.0
+        #: state builders that failed, by key (logged once per outage); fetches that failed in a way no dying peer
+        #: explains, by kind of error (the first of each kind is logged with its traceback)
+        self._provider_failures: dict[str, Outage] = {}
+        self.unexpected_fetch_errors: dict[str, int] = {}
         #: requests of ours that peers refused (our credential expired or was revoked: we are not a member)
         self.refusals_received = 0
         self._lock = threading.Lock()
@@ -131,10 +140,13 @@ class Exchange:
 
     async def _serve_chunks(self, request: pb.FetchRequest):
         if request.key in self._providers:
+            failures = self._provider_failures.setdefault(request.key,
+                                                          Outage(f"building {request.key} for peers", logger))
             try:
                 data = await asyncio.get_running_loop().run_in_executor(None, self._providers[request.key])
-            except Exception as e:
-                logger.warning("could not build %s for a peer: %r", request.key, e)
+                failures.succeeded()
+            except Exception as e:  # noqa: BLE001 - whatever it is, the peer gets "not found" and the operator a log
+                failures.failed(e, expected=False, action="answering 'not found'")
                 data = None
             async for chunk in self._chunks(data, state=True):
                 yield chunk
@@ -186,14 +198,24 @@ class Exchange:
                     self.bytes_received += len(chunk.data)
                 if on_progress is not None:
                     on_progress(len(out), total)
-        except Exception as e:  # the peer died, its daemon refused, the stream broke
+        except PEER_ERRORS as e:  # the peer died, its daemon refused, the stream broke
             logger.debug("fetch %s from %s failed: %r", key, peer, e)
+            return None
+        except Exception as e:  # noqa: BLE001 - no dying peer explains it: counted, the first of a kind logged
+            self._unexpected_fetch_error(key, peer, e)
             return None
         if not chunks or len(out) != total:
             # the stream closed early (the peer is going away, or the link broke): never hand on a truncated piece
             logger.info("fetch %s from %s: got %d of %d bytes", key, str(peer)[-8:], len(out), total)
             return None
         return bytes(out)
+
+    def _unexpected_fetch_error(self, key: str, peer: PeerID, error: Exception) -> None:
+        kind = type(error).__name__
+        self.unexpected_fetch_errors[kind] = self.unexpected_fetch_errors.get(kind, 0) + 1
+        if self.unexpected_fetch_errors[kind] == 1:
+            logger.warning("fetch %s from ...%s failed with %s (further %s errors are counted, not logged)", key,
+                           str(peer)[-8:], kind, kind, exc_info=(type(error), error, error.__traceback__))
 
     def _log_refused(self, peer: PeerID, reason: str) -> None:
         self.refusals_received += 1
@@ -219,6 +241,9 @@ class Exchange:
             return await asyncio.gather(*tasks, return_exceptions=True)
 
         results = self._run(gather())
+        for (peer, key), r in zip(requests, results):
+            if isinstance(r, Exception) and not isinstance(r, asyncio.TimeoutError):  # a timeout: the piece is late
+                self._unexpected_fetch_error(key, peer, r)
         return [r if isinstance(r, bytes) else None for r in results]
 
     def fetch(self, peer: PeerID, key: str, wait_s: float, timeout: float,
@@ -241,8 +266,10 @@ class Exchange:
             try:
                 await self.p2p.remove_protobuf_handler(self.handler_name, stream_output=True)
                 await self.p2p.shutdown()  # a replica: closes its connections, the DHT's daemon lives on
-            except Exception:
-                pass
+            except PEER_ERRORS as e:  # the daemon is gone already (the DHT shut down first): nothing left to close
+                logger.debug("exchange %s: closing the p2p replica: %r", self.namespace, e)
+            except Exception as e:  # noqa: BLE001 - shutting down goes on; the operator hears of it
+                logger.warning("exchange %s: closing the p2p replica failed: %r", self.namespace, e)
             current = asyncio.current_task()
             pending = [t for t in asyncio.all_tasks() if t is not current]
             for task in pending:
@@ -251,7 +278,7 @@ class Exchange:
 
         try:
             self._run(stop(), timeout=5)
-        except Exception:
-            pass
+        except Exception as e:  # noqa: BLE001 - the loop is stopped below either way
+            logger.warning("exchange %s: shutdown did not finish cleanly: %r", self.namespace, e)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)

@@ -1,13 +1,16 @@
 """Evaluating the swarm's checkpoints: on the coordinator's own thread, or as Ray tasks on the operator's fleet.
 
 Either way the work is :func:`evaluate_checkpoint`, a function of the run config and the checkpoint's bytes (so a
-Ray task on another machine needs nothing from the coordinator's disk): validation loss and BPC for language
-models; NLL, MSE against copying the last state, open-loop errors and reward error for world models, plus, with
-``coordinator.eval_controller``, the return of a controller trained in the model's dream next to a random policy's.
+Ray task on another machine needs nothing from the coordinator's disk but the corpus it reads once): the run's one
+evaluation (:func:`cotrain.evaluation.evaluate_state`, which the demo and the benches call too), i.e. validation
+loss and BPC for language models; NLL, MSE against copying the last state, open-loop errors and reward error for
+world models, plus, with ``coordinator.eval_controller``, the return of a controller trained in the model's dream
+next to a random policy's.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Callable, Optional
 
@@ -16,44 +19,33 @@ logger = logging.getLogger(__name__)
 Result = tuple[int, dict]  # (round, metrics)
 
 
-def evaluate_checkpoint(config_toml: str, data: bytes, max_bytes: int = 0, controller: bool = False) -> dict:
+def evaluate_checkpoint(config_toml: str, data: bytes, max_bytes: int = 0, controller: bool = False,
+                        corpus=None) -> dict:
+    """The metrics of the checkpoint ``data`` (its bytes) under the run config ``config_toml``. ``corpus``: the
+    run's, when the caller keeps it (else it is read here)."""
     import torch
 
     from cotrain.checkpoint import decode_checkpoint
     from cotrain.config import RunConfig
-    from cotrain.data import Corpus
-    from cotrain.tasks import build_task
+    from cotrain.evaluation import evaluate_state
 
     torch.set_num_threads(1)
     cfg = RunConfig.from_toml(config_toml)
-    ckpt = decode_checkpoint(data)
-    task = build_task(cfg)
-    torch.manual_seed(cfg.run.seed)
-    model = task.build_model()
-    state = ckpt.model_state()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name not in state or state[name].shape != p.shape:
-                raise ValueError(f"the checkpoint does not fit the run's model (parameter {name})")
-            p.copy_(state[name])
-    corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction) if task.needs_corpus else None
-    metrics = task.evaluate(model, corpus, max_bytes=max_bytes)
-    if controller and cfg.model.is_world_model:
-        from cotrain.tasks.controller import controller_vs_random
-
-        model.eval()
-        metrics.update(controller_vs_random(model, cfg.env.id, horizon=cfg.env.horizon, seed=cfg.run.seed))
-    return metrics
+    state = decode_checkpoint(data).model_state()
+    return evaluate_state(cfg, state, corpus=corpus, max_bytes=max_bytes, controller=controller)
 
 
 class Evaluator:
-    """Evaluates checkpoints every ``every_rounds`` rounds. Without a fleet, at once on the caller's thread;
-    with one, as a Ray task whose result :meth:`collect` hands back when it is done (no one waits for it)."""
+    """Evaluates checkpoints every ``every_rounds`` rounds. Without a fleet, at once on the caller's thread, with
+    the run's corpus read once (``corpus``, or at the first evaluation) and kept; with one, as a Ray task whose result
+    :meth:`collect` hands back when it is done (no one waits for it)."""
 
     def __init__(self, config_toml: str, max_bytes: int, every_rounds: int, controller: bool = False,
-                 fleet=None):
+                 fleet=None, corpus=None):
         self.config_toml, self.max_bytes, self.every_rounds = config_toml, max_bytes, every_rounds
         self.controller, self.fleet = controller, fleet
+        if corpus is not None:
+            self.corpus = corpus
         self.last_round: Optional[int] = None
         self.pending: list[tuple[int, object]] = []  # (round, Ray object ref)
 
@@ -67,10 +59,18 @@ class Evaluator:
             self.last_round = round_number
             args = (self.config_toml, load(), self.max_bytes, self.controller)
             if self.fleet is None:
-                return [(round_number, evaluate_checkpoint(*args))]
+                return [(round_number, evaluate_checkpoint(*args, corpus=self.corpus))]
             self.pending.append((round_number, self.fleet.submit(evaluate_checkpoint, *args)))
             logger.info("round %d: evaluation submitted as a Ray task", round_number)
         return self.collect()
+
+    @functools.cached_property
+    def corpus(self):
+        """The run's corpus (None for world models), read at the first evaluation on this thread and kept."""
+        from cotrain.config import RunConfig
+        from cotrain.evaluation import read_corpus
+
+        return read_corpus(RunConfig.from_toml(self.config_toml))
 
     def collect(self) -> list[Result]:
         """Results of the Ray tasks that have finished (a failed task is logged and dropped); none without a fleet."""
@@ -87,6 +87,7 @@ class Evaluator:
         return out
 
 
-def evaluator_for(cfg, fleet=None) -> Evaluator:
+def evaluator_for(cfg, fleet=None, corpus=None) -> Evaluator:
+    """``corpus``: the run's, when the caller has read it already (the evaluator reads it otherwise)."""
     c = cfg.coordinator
-    return Evaluator(cfg.to_toml(), c.eval_bytes, c.eval_every_rounds, c.eval_controller, fleet)
+    return Evaluator(cfg.to_toml(), c.eval_bytes, c.eval_every_rounds, c.eval_controller, fleet, corpus)

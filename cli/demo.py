@@ -13,14 +13,13 @@ import time
 from pathlib import Path
 
 import grpc
-import torch
 
 from cotrain.checkpoint import load_checkpoint
 from cotrain.config import RunConfig
 from cotrain.data import Corpus
-from cotrain.tasks.language import evaluate_lm
+from cotrain.evaluation import evaluate_model, evaluate_state, model_from_state
 from cotrain.cli.launch import LaunchError, start_coordinator, start_node, wait_for
-from cotrain.models import build_model, generate
+from cotrain.models import generate
 
 DEMO_CONFIG = dict(
     run={"name": "demo"},
@@ -106,19 +105,19 @@ def run_demo(args) -> int:
         console.print("[red]the swarm produced no checkpoint[/red]")
         return 1
     ckpt = load_checkpoint(Path(checkpoint))
-    torch.manual_seed(cfg.run.seed)
-    model = build_model(cfg, corpus.byte_counts())  # the weights the swarm started from
-    initial = evaluate_lm(model, corpus.read, corpus.val.start, corpus.val.end, cfg.data.seq_len, batch_size=16)
-    model.load_state_dict(ckpt.model_state())
-    final = evaluate_lm(model, corpus.read, corpus.val.start, corpus.val.end, cfg.data.seq_len, batch_size=16)
+    # the run's one evaluation (the coordinator's, which reads only the first coordinator.eval_bytes), over the whole
+    # validation split: of the weights the swarm started from, and of the checkpoint
+    initial = evaluate_state(cfg, None, corpus=corpus)["val_bpc"]
+    model = model_from_state(cfg, ckpt.model_state())
+    final = evaluate_model(cfg, model, corpus=corpus)["val_bpc"]
     sample = generate(model, b"\n", 300, temperature=0.8, seed=0).decode("utf-8", errors="replace")
     wall = time.monotonic() - started
     console.rule("result")
     console.print(f"rounds averaged: {ckpt.round}   samples trained on by the swarm: {ckpt.metadata.get('samples_total')}")
-    console.print(f"validation bits per character: {initial.bpc:.3f} at the start -> [bold]{final.bpc:.3f}[/bold] "
-                  f"(on {final.bytes:,} held-out bytes)")
+    console.print(f"validation bits per character: {initial:.3f} at the start -> [bold]{final:.3f}[/bold] "
+                  f"(on the {corpus.val.size:,} held-out bytes)")
     console.print(f"wall time: {wall:.0f}s")
     console.print(f"checkpoint: {checkpoint}")
     console.print(f"sample (cotrain sample {checkpoint} --length 300):")
     console.print(sample, markup=False, highlight=False)
-    return 0 if math.isfinite(final.bpc) and final.bpc < initial.bpc else 1
+    return 0 if math.isfinite(final) and final < initial else 1

@@ -58,10 +58,3 @@ class DiLoCo(RoundAverager):
         with torch.no_grad():
             for p, g in zip(self.params, self.global_params):
                 p.copy_(g)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The global parameters (named like the model's) and outer momentum, for a checkpoint."""
-        names = [name for name, _ in self.model.named_parameters()]
-        out = {f"model.{n}": p for n, p in zip(names, self.global_params)}
-        out.update({f"outer_momentum.{n}": m for n, m in zip(names, self.momentum)})
-        return out

@@ -89,16 +89,9 @@ def state_hash(tensors: Sequence[torch.Tensor]) -> str:
 @dataclass
 class RoundStats:
     rounds_completed: int = 0  # averaged with at least one peer
-    solo_rounds: int = 0  # applied alone: nobody else was in the swarm
-    failed_rounds: int = 0  # no group formed, or the all-reduce failed
     partial_rounds: int = 0  # some groupmate's contribution was left out
-    resyncs: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    averaging_s: float = 0.0
     last_group_size: int = 0
-    last_reason: str = ""
-    history: list = field(default_factory=list)  # (round, group size)
+    history: list = field(default_factory=list)  # (round, group size): kept in the node's last checkpoint
     #: peers whose contributions this peer dropped as reducer (non-finite values, malformed), with the reason
     flagged: dict = field(default_factory=dict)
 
@@ -316,7 +309,6 @@ class RoundAverager(abc.ABC):
         decision = round_decision(now, self.progress(), self._peers, self.rules, self.reached_h_at)
         if decision.action is Action.TRAIN:
             return None
-        self.stats.last_reason = decision.reason
         logger.info("round %d: %s", self.round, decision.reason)
         if decision.action is Action.RESYNC:
             self._resync()
@@ -325,18 +317,15 @@ class RoundAverager(abc.ABC):
         return decision
 
     def _resync(self) -> None:
-        self.stats.resyncs += 1
         if not self.load_state_from_peers():
             self.retry_at = time.time() + self.cfg.matchmaking_time
 
     def _average(self) -> None:
-        started = time.monotonic()
         contribution = self.contribution()
         peers_here = [p for p in live_peers(time.time(), self.progress(), self._peers, self.rules)
                       if p.round == self.round]
         if not live_peers(time.time(), self.progress(), self._peers, self.rules):
             self._apply_and_advance(contribution, group_size=1)
-            self.stats.solo_rounds += 1
             return
         self.phase = "average"
         self.board.publish(self.progress(self.phase))
@@ -344,9 +333,7 @@ class RoundAverager(abc.ABC):
             ok = self._average_with_group(contribution, len(peers_here) + 1)
         finally:
             self.phase = "train"
-            self.stats.averaging_s += time.monotonic() - started
         if not ok:
-            self.stats.failed_rounds += 1
             self.retry_at = time.time() + self.cfg.matchmaking_time
 
     def _average_with_group(self, contribution: list[torch.Tensor], seen: int) -> bool:
@@ -358,17 +345,17 @@ class RoundAverager(abc.ABC):
                 weight=weight, gather=dict(round=self.round, samples=self.samples_in_round, hash=self._hash,
                                            cred=self.admission.credential(), reducer=not self.client_mode),
                 timeout=self.cfg.matchmaking_time * 2 + self.cfg.request_timeout, allow_retries=False)
-        except Exception as e:
-            logger.warning("round %d: matchmaking failed: %r", self.round, e)
-            gathered = None
+        except Exception as e:  # noqa: BLE001 - hivemind raises many kinds here; each costs only this round
+            logger.warning("round %d: matchmaking failed (%r); training on and retrying", self.round, e)
+            return False
         if not gathered:
-            self.stats.last_reason = f"round {self.round}: no group formed; training on and retrying"
+            logger.warning("round %d: no group formed; training on and retrying", self.round)
             return False
         info = {str(k): v for k, v in gathered.items() if isinstance(v, dict)}
         group = sorted(admitted_group(gathered, info, self.peer_id, self.admission), key=str)
         info = {k: v for k, v in info.items() if k in {str(p) for p in group}}
         if len(group) < 2:
-            self.stats.last_reason = f"round {self.round}: no admitted groupmate; training on and retrying"
+            logger.warning("round %d: no admitted groupmate; training on and retrying", self.round)
             return False
         hashes = collections.Counter(v.get("hash") for v in info.values())
         majority = max(hashes.items(), key=lambda kv: (kv[1], str(kv[0])))[0]
@@ -378,10 +365,8 @@ class RoundAverager(abc.ABC):
         try:
             average, complete = self._allreduce(contribution, tag, group, me, weight, reducers)
         except AllReduceFailed as e:
-            logger.warning("round %d: all-reduce failed: %s", self.round, e)
-            self.stats.last_reason = f"round {self.round}: all-reduce failed ({e}); training on and retrying"
+            logger.warning("round %d: all-reduce failed (%s); training on and retrying", self.round, e)
             return False
-        self.stats.bytes_sent, self.stats.bytes_received = self.exchange.bytes_sent, self.exchange.bytes_received
         if not complete or len(group) < seen:
             self.stats.partial_rounds += 1
             logger.warning("round %d averaged %s of the %d peers seen at this round", self.round,

@@ -59,6 +59,3 @@ class SyncAveraging(RoundAverager):
         for g in self.grad_sum:
             g.zero_()
         self.micro_batches = 0
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {f"model.{n}": p.detach() for n, p in self.model.named_parameters()}

@@ -1,5 +1,15 @@
 """What the benches share: running a real swarm (coordinator and node processes on 127.0.0.1), evaluating what it
-made, printing a table, writing ``--json``."""
+made, printing a table, writing ``--json``.
+
+    cfg = lstm_config("mybench", data, hidden=128, averaging={"inner_steps": 20})
+    with work_folder("cotrain-mybench-", keep=args.keep) as work, Swarm(cfg, work) as swarm:
+        nodes = [swarm.start_node(f"node-{i}", ["--threads", "1"]) for i in range(3)]
+        ...                                  # swarm.health(), swarm.node_rows(), swarm.stop_nodes()
+    # here every process the swarm started has been stopped, however the block ended (Ctrl-C and SIGTERM too)
+
+``run_swarm`` runs a whole swarm to its end and evaluates the shared model; ``interruptible`` turns Ctrl-C, SIGTERM
+and SIGHUP into :class:`Interrupted` for benches that answer them with a message and exit code 130.
+"""
 
 from __future__ import annotations
 
@@ -7,34 +17,222 @@ import json
 import math
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence, Union
 
 import torch
 
 from cotrain.checkpoint import load_checkpoint
 from cotrain.config import RunConfig
 from cotrain.coordinator.store import Store
-from cotrain.cli.launch import start_coordinator, start_node, wait_for
+from cotrain.cli.launch import Proc, start_coordinator, start_node, wait_for
 from cotrain.models import build_model
 from cotrain.client import CoordinatorClient
 from cotrain.tasks import build_task
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _exit_on_sigterm(signum, frame):
+def _exit_on_signal(signum, frame):
     raise SystemExit(128 + signum)
 
 
-# a bench stopped with SIGTERM (timeout, kill) unwinds like Ctrl-C, so run_swarm's cleanup stops the coordinator and
-# node processes it started instead of leaving them behind
-if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+# a bench stopped with SIGTERM (timeout, kill) or SIGHUP (its terminal closed) unwinds like Ctrl-C, so the clean-up
+# below stops the coordinator and node processes it started instead of leaving them behind
+for _sig in (signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(_sig) is signal.SIG_DFL:
+        signal.signal(_sig, _exit_on_signal)
+
+
+# ---- signals and clean-up ------------------------------------------------------------------------------------------
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, SIGTERM or SIGHUP inside :func:`interruptible`; its text is the signal's name. A KeyboardInterrupt, so
+    that no ``except Exception`` on the way swallows it."""
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """Inside the block, Ctrl-C, SIGTERM and SIGHUP print ``interrupted (SIGNAME); cleaning up`` and raise
+    :class:`Interrupted`, once: further ones are ignored while the block unwinds and cleans up. The previous handlers
+    come back when the block ends."""
+    def on_signal(signum, frame):
+        for s in STOP_SIGNALS:  # a second Ctrl-C must not cut the clean-up short
+            signal.signal(s, signal.SIG_IGN)
+        name = signal.Signals(signum).name
+        print(f"\ninterrupted ({name}); cleaning up", file=sys.stderr, flush=True)
+        raise Interrupted(name)
+
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Ignore Ctrl-C, SIGTERM and SIGHUP inside the block (a clean-up that must run to its end); in the main thread
+    only, where Python runs signal handlers."""
+    if not _main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextmanager
+def work_folder(prefix: str = "cotrain-bench-", keep: bool = False, path: Optional[Path] = None) -> Iterator[Path]:
+    """A work folder (``path``, or a new one in the temporary directory) that is removed when the block ends, unless
+    ``keep`` or the block failed with an error: then its logs are kept, and where they are is printed."""
+    folder = Path(path or tempfile.mkdtemp(prefix=prefix))
+    folder.mkdir(parents=True, exist_ok=True)
+    failed = False
+    try:
+        yield folder
+    except Exception:
+        failed = True
+        raise
+    finally:
+        if keep or failed:
+            print(f"work folder kept: {folder}", file=sys.stderr if failed else sys.stdout, flush=True)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def stop_all(procs: Sequence, timeout: float = 30.0) -> list[Optional[int]]:
+    """Stop processes together (:class:`cotrain.cli.launch.Proc`, or anything with ``popen``, ``signal`` and
+    ``stop``): one SIGTERM to every one first, so they leave at once, then wait for each, ``timeout`` seconds in all,
+    and kill its process group (which also ends what an exited process left behind). Returns their exit codes."""
+    for p in procs:
+        p.signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.popen.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    return [p.stop(0.1) for p in procs]  # a second SIGTERM only to one still running after the timeout
+
+
+# ---- a swarm ---------------------------------------------------------------------------------------------------------
+def create_token(state_dir: Path, name: str = "bench") -> str:
+    """A join token in the coordinator state dir ``state_dir`` (created if missing)."""
+    store = Store(state_dir)
+    try:
+        return store.create_token(name)
+    finally:
+        store.close()
+
+
+class Swarm:
+    """A coordinator and the nodes started against it, all in ``workdir``: the coordinator's state in
+    ``workdir/coordinator``, node NAME's in ``workdir/NAME`` (its log in ``node.log`` there), the run config in
+    ``workdir/run.toml`` unless ``config`` is the path of one. As a context manager it starts the coordinator, and at
+    the end of the block stops every process it started (nodes and :meth:`add`-ed ones first, then the coordinator),
+    however the block ends; a second Ctrl-C cannot cut that short.
+
+    ``listen`` is the coordinator's address, ``prefix`` a command its process runs under (``ip netns exec NAME``)."""
+
+    def __init__(self, config: Union[RunConfig, Path], workdir: Path, listen: str = "127.0.0.1:0",
+                 prefix: Sequence[str] = (), token_name: str = "bench"):
+        self.config, self.workdir, self.listen, self.prefix = config, Path(workdir), listen, list(prefix)
+        self.token_name = token_name
+        self.state_dir = self.workdir / "coordinator"
+        self.coordinator: Optional[Proc] = None
+        self.address = self.token = ""
+        self.nodes: list[Proc] = []  # every node process started, in order (a restarted node twice)
+        self._others: list = []
+        self._client: Optional[CoordinatorClient] = None
+
+    def __enter__(self) -> "Swarm":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if isinstance(self.config, RunConfig):
+            path = self.workdir / "run.toml"
+            path.write_text(self.config.to_toml())
+        else:
+            path = Path(self.config)
+        self.token = create_token(self.state_dir, self.token_name)
+        self.coordinator, self.address = start_coordinator(self.state_dir, path, listen=self.listen,
+                                                           prefix=self.prefix)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start_node(self, name: str, extra: Sequence[str] = (), prefix: Sequence[str] = ()) -> Proc:
+        """``cotrain node join`` with ``extra`` flags, state dir ``workdir/NAME`` (the same name again is the same
+        node restarting), under the command ``prefix``."""
+        proc = start_node(self.address, self.token, name, self.workdir / name, extra=extra, prefix=prefix)
+        self.nodes.append(proc)
+        return proc
+
+    def add(self, proc):
+        """Another process (a status watcher) to stop with the nodes; returns it."""
+        self._others.append(proc)
+        return proc
+
+    @property
+    def client(self) -> CoordinatorClient:
+        if self._client is None:
+            self._client = CoordinatorClient(self.address, insecure=True)
+        return self._client
+
+    def health(self):
+        """The coordinator's health view (``SwarmHealth``: totals, a row per node with its last metrics)."""
+        return self.client.health()
+
+    def node_rows(self) -> list[dict]:
+        """The last metrics each node reported (its heartbeat ``NodeMetrics``), with ``name``."""
+        from cotrain.status import message_to_dict
+
+        return [dict(message_to_dict(n.metrics), name=n.node_name) for n in self.health().nodes]
+
+    def stop_nodes(self, timeout: float = 30.0) -> list[Optional[int]]:
+        """Stop every node (see :func:`stop_all`); their exit codes, in the order they were started."""
+        return stop_all(self.nodes, timeout)
+
+    def close(self) -> None:
+        with uninterrupted():
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+            stop_all(self.nodes + self._others, 30.0)
+            if self.coordinator is not None:
+                self.coordinator.stop(30)
+
+
+def lstm_config(name: str, data: str, hidden: int, *, embed_dim: int = 32, layers: int = 1, seq_len: int = 64,
+                batch_size: int = 16, **sections: dict) -> RunConfig:
+    """The benches' run: a byte-level LSTM (``layers`` x ``hidden``, no dropout) on the text ``data``, seed 0, on the
+    CPU, checkpoints only at the end (``checkpoint_interval_s`` 3600); ``sections`` are the other sections of the
+    run config as dicts (``optimizer=``, ``averaging=``, ``compression=``, ``coordinator=`` adding to the default
+    above)."""
+    sections["coordinator"] = {"checkpoint_interval_s": 3600.0, **sections.get("coordinator", {})}
+    return RunConfig.from_dict(dict(
+        run={"name": name, "seed": 0},
+        model={"kind": "lstm", "embed_dim": embed_dim, "hidden_size": hidden, "num_layers": layers, "dropout": 0.0},
+        data={"source": data, "seq_len": seq_len, "batch_size": batch_size},
+        device="cpu",
+        **sections,
+    ))
 
 
 def default_text() -> str:
@@ -56,47 +254,34 @@ class SwarmRun:
         return sum(int(n.get("samples_local", 0)) for n in self.nodes)
 
 
+def final_checkpoint(workdir: Path, names: Sequence[str]):
+    """The last state the named nodes saved (``last.safetensors`` in their state dirs) with the most rounds."""
+    return max((load_checkpoint(Path(workdir) / name / "last.safetensors") for name in names), key=lambda c: c.round)
+
+
 def run_swarm(cfg: RunConfig, nodes: int, node_args: Sequence[str], workdir: Optional[Path] = None,
               timeout: float = 3600.0, keep: bool = False, evaluate: bool = True,
               per_node_args: Optional[dict[int, Sequence[str]]] = None) -> SwarmRun:
     """Start a coordinator and ``nodes`` nodes with ``node_args`` (e.g. --max-rounds) and ``per_node_args[i]`` for
     node i, wait until all have left, and evaluate the shared model the nodes ended with on the whole validation
     split."""
-    tmp = Path(workdir or tempfile.mkdtemp(prefix="cotrain-bench-"))
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "run.toml").write_text(cfg.to_toml())
-    state = tmp / "coordinator"
-    token = Store(state).create_token("bench")
-    coordinator, address = start_coordinator(state, tmp / "run.toml")
-    procs = []
-    started = time.monotonic()
-    try:
-        procs = [start_node(address, token, f"node-{i}", tmp / f"node-{i}",
-                            extra=["--threads", "1", "--wait-peers", str(nodes), *node_args,
-                                   *(per_node_args or {}).get(i, ())]) for i in range(nodes)]
-        for proc in procs:
-            wait_for(lambda: not proc.alive(), timeout, interval=1.0, what=f"{proc.name} to finish")
-        wall = time.monotonic() - started
-        codes = [p.stop(30) for p in procs]
-        if any(codes):
-            raise RuntimeError(f"node exit codes {codes}; logs in {tmp}")
-        client = CoordinatorClient(address, insecure=True)
-        health = client.health()
-        client.close()
-    finally:
-        for p in procs:
-            p.stop(10)
-        coordinator.stop(30)
-    from cotrain.status import message_to_dict
-
-    rows = [dict(message_to_dict(n.metrics), name=n.node_name) for n in health.nodes]
-    finals = [load_checkpoint(tmp / f"node-{i}" / "last.safetensors") for i in range(nodes)]
-    final = max(finals, key=lambda c: c.round)
-    result = SwarmRun(wall, rows, {"tensors": final.tensors, "metadata": final.metadata})
-    if evaluate:
-        result.metrics = evaluate_state(cfg, final.model_state())
-    if not keep:
-        shutil.rmtree(tmp, ignore_errors=True)
+    names = [f"node-{i}" for i in range(nodes)]
+    with work_folder("cotrain-bench-", keep=keep, path=workdir) as tmp:
+        with Swarm(cfg, tmp) as swarm:
+            started = time.monotonic()
+            procs = [swarm.start_node(name, ["--threads", "1", "--wait-peers", str(nodes), *node_args,
+                                             *(per_node_args or {}).get(i, ())]) for i, name in enumerate(names)]
+            for proc in procs:
+                wait_for(lambda: not proc.alive(), timeout, interval=1.0, what=f"{proc.name} to finish")
+            wall = time.monotonic() - started
+            codes = swarm.stop_nodes()
+            if any(codes):
+                raise RuntimeError(f"node exit codes {codes}; logs in {tmp}")
+            rows = swarm.node_rows()
+        final = final_checkpoint(tmp, names)
+        result = SwarmRun(wall, rows, {"tensors": final.tensors, "metadata": final.metadata})
+        if evaluate:
+            result.metrics = evaluate_state(cfg, final.model_state())
     return result
 
 

@@ -13,80 +13,68 @@ from __future__ import annotations
 
 import argparse
 import random
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import default_text, evaluate_state, print_table, write_json  # noqa: E402
+from common import (Swarm, default_text, evaluate_state, final_checkpoint, lstm_config, print_table,  # noqa: E402
+                    stop_all, work_folder, write_json)
 
-from cotrain.checkpoint import load_checkpoint  # noqa: E402
 from cotrain.config import RunConfig  # noqa: E402
-from cotrain.coordinator.store import Store  # noqa: E402
-from cotrain.cli.launch import start_coordinator, start_node  # noqa: E402
 
 
 def make_config(args) -> RunConfig:
-    return RunConfig.from_dict(dict(
-        run={"name": "chaos", "seed": 0},
-        model={"kind": "lstm", "embed_dim": 32, "hidden_size": args.hidden, "num_layers": 1, "dropout": 0.0},
-        data={"source": args.data, "seq_len": 64, "batch_size": 16},
+    return lstm_config(
+        "chaos", args.data, args.hidden,
         optimizer={"lr": 3e-3, "min_lr": 3e-4, "decay_steps": 4000, "grad_clip": 1.0},
         averaging={"strategy": "diloco", "inner_steps": args.H, "matchmaking_time": 2.0, "request_timeout": 1.5,
-                   "progress_interval": 0.5, "round_wait": 10.0, "allreduce_timeout": 20.0},
-        coordinator={"checkpoint_interval_s": 3600.0},
-        device="cpu",
-    ))
+                   "progress_interval": 0.5, "round_wait": 10.0, "allreduce_timeout": 20.0})
 
 
-def one_run(args, chaos: bool) -> dict:
-    tmp = Path(tempfile.mkdtemp(prefix="cotrain-chaos-"))
-    cfg = make_config(args)
-    (tmp / "run.toml").write_text(cfg.to_toml())
-    token = Store(tmp / "coordinator").create_token("bench")
-    coordinator, address = start_coordinator(tmp / "coordinator", tmp / "run.toml")
+def train(args, swarm: Swarm, names: list[str], chaos: bool) -> tuple[float, int]:
+    """Start the nodes, train for ``args.duration`` (under the killer if ``chaos``), stop them cleanly;
+    -> (wall seconds, failures injected)."""
     rng = random.Random(args.seed)
-    nodes: dict[int, object] = {}
     failures = 0
 
     def launch(i: int, first: bool):
         extra = ["--threads", "1", *(["--wait-peers", str(args.nodes)] if first else [])]
-        return start_node(address, token, f"node-{i}", tmp / f"node-{i}", extra=extra)
+        return swarm.start_node(names[i], extra)
 
-    try:
-        nodes = {i: launch(i, first=True) for i in range(args.nodes)}
-        started = time.monotonic()
-        next_kill = started + args.kill_every
-        while time.monotonic() - started < args.duration:
-            time.sleep(0.5)
-            for i, proc in nodes.items():
-                if not proc.alive():
-                    raise RuntimeError(f"node-{i} exited by itself (code {proc.popen.returncode}); logs in {tmp}")
-            # no kill in the last interval: the last victim has time to rejoin before everyone is stopped
-            if chaos and time.monotonic() >= next_kill and time.monotonic() - started < args.duration - args.kill_every:
-                victim = rng.randrange(args.nodes)
-                nodes[victim].kill()
-                failures += 1
-                print(f"  t={time.monotonic() - started:5.0f}s  killed node-{victim} (kill -9), restarting it",
-                      flush=True)
-                nodes[victim] = launch(victim, first=False)
-                next_kill += args.kill_every
-        wall = time.monotonic() - started
-        codes = {i: p.stop(60) for i, p in nodes.items()}
-        if any(codes.values()):
-            raise RuntimeError(f"node exit codes {codes}; logs in {tmp}")
-    finally:
-        for p in nodes.values():
-            p.stop(10)
-        coordinator.stop(30)
-    finals = [load_checkpoint(tmp / f"node-{i}" / "last.safetensors") for i in range(args.nodes)]
-    final = max(finals, key=lambda c: c.round)
-    metrics = evaluate_state(cfg, final.model_state())
-    if not args.keep:
-        shutil.rmtree(tmp, ignore_errors=True)
+    nodes = {i: launch(i, first=True) for i in range(args.nodes)}
+    started = time.monotonic()
+    next_kill = started + args.kill_every
+    while time.monotonic() - started < args.duration:
+        time.sleep(0.5)
+        for i, proc in nodes.items():
+            if not proc.alive():
+                raise RuntimeError(f"node-{i} exited by itself (code {proc.popen.returncode}); logs in {swarm.workdir}")
+        # no kill in the last interval: the last victim has time to rejoin before everyone is stopped
+        if chaos and time.monotonic() >= next_kill and time.monotonic() - started < args.duration - args.kill_every:
+            victim = rng.randrange(args.nodes)
+            nodes[victim].kill()
+            failures += 1
+            print(f"  t={time.monotonic() - started:5.0f}s  killed node-{victim} (kill -9), restarting it",
+                  flush=True)
+            nodes[victim] = launch(victim, first=False)
+            next_kill += args.kill_every
+    wall = time.monotonic() - started
+    codes = dict(zip(nodes, stop_all(list(nodes.values()), 60)))
+    if any(codes.values()):
+        raise RuntimeError(f"node exit codes {codes}; logs in {swarm.workdir}")
+    return wall, failures
+
+
+def one_run(args, chaos: bool) -> dict:
+    cfg = make_config(args)
+    names = [f"node-{i}" for i in range(args.nodes)]
+    with work_folder("cotrain-chaos-", keep=args.keep) as tmp:
+        with Swarm(cfg, tmp) as swarm:
+            wall, failures = train(args, swarm, names, chaos)
+        final = final_checkpoint(tmp, names)
+        metrics = evaluate_state(cfg, final.model_state())
     row = dict(run="chaos" if chaos else "clean", failures_injected=failures, rounds_completed=final.round,
                val_loss=metrics["val_loss"], wall_s=wall)
     print(f"  {row['run']:5}: {failures} failures, {final.round} rounds, val_loss {row['val_loss']:.4f}", flush=True)

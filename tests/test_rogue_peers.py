@@ -57,10 +57,15 @@ def test_rogue_peers_get_nothing_and_members_train_on(tmp_path, corpus_file):
         for mode, (proc, _) in rogues.items():
             proc.wait(timeout=240)
         results = {mode: json.loads(out.read_text()) for mode, (_, out) in rogues.items()}
-        # while the members train on, the health view names the peers they refused
-        refused_alerts = wait_for(lambda: [a for a in client.health().alerts if "refused on the data plane" in a],
-                                  30, what="an alert about the refused peers")
-        refused = {p for n in client.health().nodes for p in n.metrics.refused_peers}
+        # while the members train on, they report the peers they refused and the health view alerts about them
+        rogue_ids = {r["peer_id"] for r in results.values()}
+
+        def refused_peers() -> set:
+            return {p for n in client.health().nodes for p in n.metrics.refused_peers}
+
+        wait_for(lambda: rogue_ids <= refused_peers(), 30, what="the members to report the rogues they refused")
+        refused, refused_alerts = refused_peers(), client.health().alerts
+        assert refused_alerts, "no alert while members report refused peers"
         for member in members:
             wait_for(lambda: not member.alive(), 300, interval=0.5, what=f"{member.name} to finish")
         assert [m.stop(30) for m in members] == [0, 0], [m.log()[-3000:] for m in members]

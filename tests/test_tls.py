@@ -66,6 +66,6 @@ def test_tls_coordinator(tmp_path, corpus_file):
         assert ok.returncode == 0 and json.loads(ok.stdout)["nodes"][0]["node_name"] == "tls-node", ok.stderr
         untrusted = subprocess.run([sys.executable, "-m", "cotrain.cli", "swarm", "status", address, "--format", "json"],
                                    capture_output=True, text=True, timeout=60)
-        assert untrusted.returncode == ExitCode.UNAVAILABLE and "Traceback" not in untrusted.stderr
+        assert untrusted.returncode == ExitCode.UNAVAILABLE, untrusted.stderr  # handled, not a crash (exit 1)
     finally:
         proc.stop(30)

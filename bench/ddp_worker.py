@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from cotrain.config import RunConfig
 from cotrain.data import Corpus
+from cotrain.evaluation import evaluate_model
 from cotrain.models import build_model
 from cotrain.node.runner import lr_at  # the node's schedule
 from cotrain.tasks import build_task
@@ -82,7 +83,7 @@ def main() -> int:
             continue
         if args.rank == 0:
             started = time.time()
-            val_loss = task.evaluate(model, corpus, max_bytes=cfg.coordinator.eval_bytes)["val_loss"]
+            val_loss = evaluate_model(cfg, model, corpus=corpus, max_bytes=cfg.coordinator.eval_bytes)["val_loss"]
             eval_s = time.time() - started
             eval_total += eval_s
             elapsed = started - args.t0 - (eval_total - eval_s)

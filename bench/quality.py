@@ -67,7 +67,7 @@ def run_plain(data: str, total_sequences: int = 0, wall_s: float = 0.0, hidden_s
     import torch
 
     from cotrain.data import Corpus, StreamBatches
-    from cotrain.tasks.language import evaluate_lm
+    from cotrain.evaluation import evaluate_model
     from cotrain.node.runner import cosine_lr, lr_at
     from cotrain.tasks import build_task
 
@@ -75,24 +75,21 @@ def run_plain(data: str, total_sequences: int = 0, wall_s: float = 0.0, hidden_s
     cfg = lm_config(data, batch_size, steps if total_sequences else 0, 1, 1.0, 0.0)
     cfg = cfg.with_overrides(model={"hidden_size": hidden_size})
     opt = cfg.optimizer
-    torch.manual_seed(cfg.run.seed)
+    torch.manual_seed(cfg.run.seed)  # dropout's draws, and the char model's initial weights
     torch.set_flush_denormal(True)
     corpus = Corpus.from_source(data, val_fraction=cfg.data.val_fraction)
     task = build_task(cfg)
-    read = corpus.read
+    text = corpus
     if chars:
         from cotrain.models import RNNLanguageModel
 
-        counts = corpus.byte_counts()
-        used = [b for b in range(256) if counts[b]]
-        table = bytes(used.index(b) if counts[b] else 0 for b in range(256))
-        read = lambda offset, length: corpus.read(offset, length).translate(table)  # noqa: E731
+        text = CharText(corpus)
         m = cfg.model
-        model = RNNLanguageModel(m.kind, m.embed_dim, hidden_size, m.num_layers, m.dropout, vocab_size=len(used))
+        model = RNNLanguageModel(m.kind, m.embed_dim, hidden_size, m.num_layers, m.dropout, vocab_size=len(text.used))
     else:
         model = task.build_model(corpus.byte_counts())  # as a node builds it from what the coordinator sends
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
-    batches = StreamBatches(read, corpus.train.start, corpus.train.end, batch_size, cfg.data.seq_len)
+    batches = StreamBatches(text.read, corpus.train.start, corpus.train.end, batch_size, cfg.data.seq_len)
     started, state, step = time.monotonic(), None, 0
     while step < steps:
         elapsed = time.monotonic() - started
@@ -110,9 +107,24 @@ def run_plain(data: str, total_sequences: int = 0, wall_s: float = 0.0, hidden_s
         state = model.detach_state(state)
         step += 1
     wall = time.monotonic() - started
-    result = evaluate_lm(model, read, corpus.val.start, corpus.val.end, cfg.data.seq_len, batch_size=8)
-    return dict(nodes=1, val_bpc=result.bpc, val_loss=result.loss, wall_s=wall, samples=step * batch_size,
-                batch_size=batch_size, hidden_size=hidden_size)
+    result = evaluate_model(cfg, model, corpus=text)
+    return dict(nodes=1, val_bpc=result["val_bpc"], val_loss=result["val_loss"], wall_s=wall,
+                samples=step * batch_size, batch_size=batch_size, hidden_size=hidden_size)
+
+
+class CharText:
+    """A corpus read as a plain character model reads it: each byte value that occurs in the training text is
+    replaced by its index among those values (unseen ones by 0). Reads like a :class:`cotrain.data.Corpus`, so that
+    the run's evaluation reads it too."""
+
+    def __init__(self, corpus):
+        counts = corpus.byte_counts()
+        self.used = [b for b in range(256) if counts[b]]
+        self.table = bytes(self.used.index(b) if counts[b] else 0 for b in range(256))
+        self.corpus, self.train, self.val = corpus, corpus.train, corpus.val
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self.corpus.read(offset, length).translate(self.table)
 
 
 def run_lm(data: str, nodes: int, total_sequences: int, inner_steps: int, outer_lr: float,
@@ -138,10 +150,7 @@ def run_lm(data: str, nodes: int, total_sequences: int, inner_steps: int, outer_
 
 
 def run_world_model(nodes: int, rounds: int, env_id: str) -> dict:
-    from common import evaluate_state
-
-    from cotrain.tasks.controller import controller_vs_random
-    from cotrain.models import build_model
+    from cotrain.evaluation import evaluate_state
 
     cfg = RunConfig.from_dict(dict(
         run={"name": "quality-wm", "seed": 0},
@@ -155,14 +164,10 @@ def run_world_model(nodes: int, rounds: int, env_id: str) -> dict:
     ))
     run = run_swarm(cfg, nodes, ["--max-rounds", str(rounds)], evaluate=False)
     state = {k[len("model."):]: v for k, v in run.final["tensors"].items() if k.startswith("model.")}
-    metrics = evaluate_state(cfg, state)
-    model = build_model(cfg)
-    model.load_state_dict(state)
-    model.eval()
-    returns = controller_vs_random(model, env_id, horizon=cfg.env.horizon)
-    controller_return, random_return = returns["controller_return"], returns["random_return"]
+    metrics = evaluate_state(cfg, state, controller=True)  # as the coordinator with coordinator.eval_controller
     return dict(env=env_id, nodes=nodes, val_nll=metrics["nll"], normalized_mse=metrics["normalized_mse"],
-                controller_return=controller_return, random_return=random_return, wall_s=run.wall_s)
+                controller_return=metrics["controller_return"], random_return=metrics["random_return"],
+                wall_s=run.wall_s)
 
 
 def main() -> int:

@@ -31,7 +31,7 @@ from common import default_text, print_table, write_json  # noqa: E402
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.data import Corpus, StreamBatches  # noqa: E402
-from cotrain.tasks.language import evaluate_lm  # noqa: E402
+from cotrain.evaluation import evaluate_model  # noqa: E402
 from cotrain.models import build_model  # noqa: E402
 from cotrain.warmstart import fresh_parameters, shrink_perturb  # noqa: E402
 
@@ -68,7 +68,8 @@ def train(model, corpus: Corpus, end: int, steps: int, cfg: RunConfig, seed: int
 
 
 def val_loss(model, corpus: Corpus, cfg: RunConfig) -> float:
-    return evaluate_lm(model, corpus.read, corpus.val.start, corpus.val.end, cfg.data.seq_len, batch_size=16).loss
+    """The run's validation loss (the coordinator's evaluation) over the whole validation split."""
+    return evaluate_model(cfg, model, corpus=corpus)["val_loss"]
 
 
 def main() -> int:

@@ -49,13 +49,14 @@ def test_alerts_in_words():
 
 
 def test_history_view_builds_the_dashboard_curves():
+    from cotrain.coordinator.store import EvalRow, HistoryRow
     from cotrain.coordinator.web import history_view
 
-    rows = [(100.0, "a", {"loss": 3.0, "samples_per_s": 10.0, "bytes_sent": 5, "samples_local": 50}),
-            (101.0, "b", {"loss": float("nan"), "samples_per_s": 20.0, "bytes_sent": 7, "samples_local": 80,
-                          "rounds_completed": 2}),
-            (112.0, "a", {"loss": 2.5, "samples_per_s": 12.0, "bytes_sent": 9, "samples_local": 90})]
-    evals = [(105.0, 1, 2.9, float("nan"), {})]
+    rows = [HistoryRow(100.0, "a", {"loss": 3.0, "samples_per_s": 10.0, "bytes_sent": 5, "samples_local": 50}),
+            HistoryRow(101.0, "b", {"loss": float("nan"), "samples_per_s": 20.0, "bytes_sent": 7,
+                                    "samples_local": 80, "rounds_completed": 2}),
+            HistoryRow(112.0, "a", {"loss": 2.5, "samples_per_s": 12.0, "bytes_sent": 9, "samples_local": 90})]
+    evals = [EvalRow(105.0, 1, 2.9, float("nan"), {})]
     view_ = history_view(rows, evals, {"a": "alice", "b": "bob"}, bucket_s=10.0)
     assert [b["online"] for b in view_["buckets"]] == [2, 1]
     assert view_["buckets"][0]["samples_per_s"] == 30.0

@@ -25,6 +25,9 @@ from typing import NamedTuple, Optional
 
 from cotrain.outage import Outage
 
+#: the store's file in the state dir
+DB_NAME = "coordinator.sqlite"
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS tokens (
@@ -163,7 +166,7 @@ class Store:
     def __init__(self, state_dir: Path, history_every_s: float = 5.0, flush_every_s: float = 0.25):
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.state_dir / "coordinator.sqlite"
+        self.path = self.state_dir / DB_NAME
         self.history_every_s, self.flush_every_s = history_every_s, flush_every_s
         self._local = threading.local()
         self._last_history: dict[str, float] = {}
@@ -374,6 +377,27 @@ class Store:
 
     def evals(self) -> list[EvalRow]:
         """The evaluations, oldest first."""
-        rows = self._conn().execute("SELECT time, round, val_loss, val_bpc, metrics FROM evals ORDER BY time")
-        return [EvalRow(time=r["time"], round=r["round"], val_loss=r["val_loss"], val_bpc=r["val_bpc"],
-                        metrics=json.loads(r["metrics"])) for r in rows.fetchall()]
+        return _evals(self._conn())
+
+
+def _evals(conn: sqlite3.Connection) -> list[EvalRow]:
+    rows = conn.execute("SELECT time, round, val_loss, val_bpc, metrics FROM evals ORDER BY time")
+    return [EvalRow(time=r["time"], round=r["round"], val_loss=r["val_loss"], val_bpc=r["val_bpc"],
+                    metrics=json.loads(r["metrics"])) for r in rows.fetchall()]
+
+
+def read_evals(state_dir: Path) -> list[EvalRow]:
+    """The evaluations in a running coordinator's state dir, oldest first, read without writing anything (no schema,
+    no WAL settings: the coordinator owns the file); none while the store does not exist yet or is busy."""
+    path = Path(state_dir) / DB_NAME
+    if not path.exists():
+        return []
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0)
+        conn.row_factory = sqlite3.Row
+        try:
+            return _evals(conn)
+        finally:
+            conn.close()
+    except sqlite3.OperationalError:  # created but no evals table yet, or locked past the timeout
+        return []

@@ -140,3 +140,17 @@ def test_a_failing_flush_warns_once_per_outage_and_keeps_the_rows(tmp_path, capl
     assert other.load_nodes()[0].metrics["step"] == 7  # kept through every failed attempt
     warnings = [r for r in caplog.records if r.name == "cotrain.coordinator.store" and r.levelno >= logging.WARNING]
     assert len(warnings) == 1  # one for the outage, not one per attempt
+
+
+def test_read_evals_reads_a_live_store_without_writing(tmp_path):
+    from cotrain.coordinator.store import DB_NAME, read_evals
+
+    assert read_evals(tmp_path) == [] and not (tmp_path / DB_NAME).exists()  # reading creates nothing
+    store = Store(tmp_path)
+    try:
+        store.add_eval(3, {"val_loss": 1.0, "val_bpc": 1.4})
+        store.add_eval(5, {"val_loss": 0.9, "val_bpc": 1.3})
+        assert [(e.round, e.val_loss) for e in read_evals(tmp_path)] == [(3, 1.0), (5, 0.9)]
+        assert read_evals(tmp_path) == store.evals()
+    finally:
+        store.close()

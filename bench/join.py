@@ -11,71 +11,49 @@ printed) and training until the round ends.
 from __future__ import annotations
 
 import argparse
-import re
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import default_text, print_table, write_json  # noqa: E402
+from common import Swarm, default_text, lstm_config, print_table, work_folder, write_json  # noqa: E402
 
 from cotrain.config import RunConfig  # noqa: E402
-from cotrain.coordinator.store import Store  # noqa: E402
-from cotrain.cli.launch import start_coordinator, start_node, wait_for  # noqa: E402
+from cotrain.cli.launch import wait_for  # noqa: E402
 from cotrain.models import build_model, count_parameters  # noqa: E402
-from cotrain.client import CoordinatorClient  # noqa: E402
 
 SIZES = {"1M": 288, "20M": 1280}  # hidden size of a 2-layer LSTM with a 64-wide byte embedding
 
 
 def config(data: str, hidden: int, inner_steps: int) -> RunConfig:
-    return RunConfig.from_dict(dict(
-        run={"name": "join"},
-        model={"kind": "lstm", "embed_dim": 64, "hidden_size": hidden, "num_layers": 2, "dropout": 0.0},
-        data={"source": data, "seq_len": 32, "batch_size": 4},
+    return lstm_config(
+        "join", data, hidden, embed_dim=64, layers=2, seq_len=32, batch_size=4,
         averaging={"inner_steps": inner_steps, "matchmaking_time": 3.0, "request_timeout": 2.0,
                    "allreduce_timeout": 300.0, "round_wait": 60.0},
-        compression={"kind": "int8"},
-        coordinator={"checkpoint_interval_s": 3600.0},
-        device="cpu"))
+        compression={"kind": "int8"})
 
 
 def measure(data: str, label: str, hidden: int, inner_steps: int) -> dict:
     cfg = config(data, hidden, inner_steps)
     params = count_parameters(build_model(cfg))
-    tmp = Path(tempfile.mkdtemp(prefix="cotrain-join-"))
-    (tmp / "run.toml").write_text(cfg.to_toml())
-    token = Store(tmp / "coordinator").create_token("bench")
-    coordinator, address = start_coordinator(tmp / "coordinator", tmp / "run.toml")
-    client = CoordinatorClient(address, insecure=True)
-    procs = []
-    try:
-        procs = [start_node(address, token, f"node-{i}", tmp / f"node-{i}", extra=["--threads", "1", "--wait-peers", "2"])
-                 for i in range(2)]
-        wait_for(lambda: client.health().totals.global_round >= 2, 1200, interval=1.0,
-                 what="the swarm to finish two rounds", procs=procs + [coordinator])
+    with work_folder("cotrain-join-") as tmp, Swarm(cfg, tmp) as swarm:
+        procs = [swarm.start_node(f"node-{i}", ["--threads", "1", "--wait-peers", "2"]) for i in range(2)]
+        wait_for(lambda: swarm.health().totals.global_round >= 2, 1200, interval=1.0,
+                 what="the swarm to finish two rounds", procs=procs + [swarm.coordinator])
         started = time.monotonic()
-        joiner = start_node(address, token, "joiner", tmp / "joiner", extra=["--threads", "1"])
-        procs.append(joiner)
+        joiner = swarm.start_node("joiner", ["--threads", "1"])
 
         def contributed():
-            rows = [n for n in client.health().nodes if n.node_name == "joiner"]
-            return rows and rows[0].metrics.rounds_completed >= 1
+            """The joiner's heartbeat metrics once it has averaged a round with the others."""
+            rows = [n.metrics for n in swarm.health().nodes if n.node_name == "joiner"]
+            return rows[0] if rows and rows[0].rounds_completed >= 1 else None
 
-        wait_for(contributed, 1200, interval=0.5, what="the joiner's first round", procs=procs + [coordinator])
+        metrics = wait_for(contributed, 1200, interval=0.5, what="the joiner's first round",
+                           procs=[*procs, joiner, swarm.coordinator])
         elapsed = time.monotonic() - started
-        log = joiner.log()
-    finally:
-        client.close()
-        for p in procs:
-            p.stop(30)
-        coordinator.stop(30)
-        shutil.rmtree(tmp, ignore_errors=True)
-    found = re.search(r"downloaded (\d+) bytes of state", log)
-    state_bytes = int(found.group(1)) if found else 0
+    # the bytes of shared state the joiner downloaded from its peers (its warm start), as it reports them
+    state_bytes = int(metrics.state_bytes_received)
     print(f"  {label}: {params:,} parameters, {state_bytes:,} bytes of state, first round after {elapsed:.1f}s",
           flush=True)
     return {"params": params, "join_to_first_round_s": elapsed, "state_bytes": state_bytes, "label": label}

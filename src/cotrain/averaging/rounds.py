@@ -91,6 +91,7 @@ class RoundStats:
     rounds_completed: int = 0  # averaged with at least one peer
     partial_rounds: int = 0  # some groupmate's contribution was left out
     last_group_size: int = 0
+    last_reason: str = ""  # what the last round decision was, or why the last round failed (in the node's log line)
     history: list = field(default_factory=list)  # (round, group size): kept in the node's last checkpoint
     #: peers whose contributions this peer dropped as reducer (non-finite values, malformed), with the reason
     flagged: dict = field(default_factory=dict)
@@ -309,6 +310,7 @@ class RoundAverager(abc.ABC):
         decision = round_decision(now, self.progress(), self._peers, self.rules, self.reached_h_at)
         if decision.action is Action.TRAIN:
             return None
+        self.stats.last_reason = decision.reason
         logger.info("round %d: %s", self.round, decision.reason)
         if decision.action is Action.RESYNC:
             self._resync()
@@ -336,6 +338,12 @@ class RoundAverager(abc.ABC):
         if not ok:
             self.retry_at = time.time() + self.cfg.matchmaking_time
 
+    def _round_failed(self, why: str) -> bool:
+        """A round that could not average: said in the log and in the node's status line; -> False."""
+        self.stats.last_reason = f"round {self.round}: {why}; training on and retrying"
+        logger.warning("%s", self.stats.last_reason)
+        return False
+
     def _average_with_group(self, contribution: list[torch.Tensor], seen: int) -> bool:
         weight = float(max(1, self.samples_in_round))
         # hivemind reshuffles the group key after every group it assembles; ours must be this round's, every time
@@ -346,17 +354,14 @@ class RoundAverager(abc.ABC):
                                            cred=self.admission.credential(), reducer=not self.client_mode),
                 timeout=self.cfg.matchmaking_time * 2 + self.cfg.request_timeout, allow_retries=False)
         except Exception as e:  # noqa: BLE001 - hivemind raises many kinds here; each costs only this round
-            logger.warning("round %d: matchmaking failed (%r); training on and retrying", self.round, e)
-            return False
+            return self._round_failed(f"matchmaking failed ({e!r})")
         if not gathered:
-            logger.warning("round %d: no group formed; training on and retrying", self.round)
-            return False
+            return self._round_failed("no group formed")
         info = {str(k): v for k, v in gathered.items() if isinstance(v, dict)}
         group = sorted(admitted_group(gathered, info, self.peer_id, self.admission), key=str)
         info = {k: v for k, v in info.items() if k in {str(p) for p in group}}
         if len(group) < 2:
-            logger.warning("round %d: no admitted groupmate; training on and retrying", self.round)
-            return False
+            return self._round_failed("no admitted groupmate")
         hashes = collections.Counter(v.get("hash") for v in info.values())
         majority = max(hashes.items(), key=lambda kv: (kv[1], str(kv[0])))[0]
         tag = group_tag(f"r{self.round}", [str(p) for p in group])
@@ -365,8 +370,7 @@ class RoundAverager(abc.ABC):
         try:
             average, complete = self._allreduce(contribution, tag, group, me, weight, reducers)
         except AllReduceFailed as e:
-            logger.warning("round %d: all-reduce failed (%s); training on and retrying", self.round, e)
-            return False
+            return self._round_failed(f"all-reduce failed ({e})")
         if not complete or len(group) < seen:
             self.stats.partial_rounds += 1
             logger.warning("round %d averaged %s of the %d peers seen at this round", self.round,

@@ -132,6 +132,18 @@ def stop_all(procs: Sequence, timeout: float = 30.0) -> list[Optional[int]]:
     return [p.stop(0.1) for p in procs]  # a second SIGTERM only to one still running after the timeout
 
 
+@contextmanager
+def stopped_on_exit(timeout: float = 30.0) -> Iterator[list]:
+    """A list to put started processes in; when the block ends, however it ends, every one is stopped
+    (:func:`stop_all`), uninterrupted."""
+    procs: list = []
+    try:
+        yield procs
+    finally:
+        with uninterrupted():
+            stop_all(procs, timeout)
+
+
 # ---- a swarm ---------------------------------------------------------------------------------------------------------
 def create_token(state_dir: Path, name: str = "bench") -> str:
     """A join token in the coordinator state dir ``state_dir`` (created if missing)."""

@@ -43,14 +43,14 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import default_text, print_table, write_json  # noqa: E402
+from common import (Interrupted, Swarm, default_text, interruptible, lstm_config, print_table, stop_all,  # noqa: E402
+                    stopped_on_exit, uninterrupted, work_folder, write_json)
 
 from cotrain.config import RunConfig  # noqa: E402
 
@@ -66,8 +66,8 @@ class NeedsRoot(Exception):
     """The machine cannot build the namespaces: not root, or no ``ip netns`` / ``tc``."""
 
 
-class Interrupted(Exception):
-    pass
+class BuildFailed(Exception):
+    """Building the namespaces failed (what was built of them is removed)."""
 
 
 def worker_ip(i: int) -> str:
@@ -83,10 +83,26 @@ def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
 
 # ---- the network ---------------------------------------------------------------------------------------------------
 class Wan:
-    """The bridge, namespaces and limited veth pairs. ``teardown`` removes whatever of them exists."""
+    """The bridge, namespaces and limited veth pairs. ``teardown`` removes whatever of them exists. As a context
+    manager: built when the block starts (:class:`BuildFailed` if that fails), removed when it ends."""
 
     def __init__(self, nodes: int, rate_mbit: float):
         self.nodes, self.rate = nodes, rate_mbit
+
+    def __enter__(self) -> "Wan":
+        try:
+            self.setup()
+        except BaseException as e:  # a failed command, or Ctrl-C while building: remove what was built
+            with uninterrupted():
+                self.teardown()
+            if isinstance(e, RuntimeError):
+                raise BuildFailed(str(e)) from e
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with uninterrupted():
+            self.teardown()
 
     @staticmethod
     def check() -> None:
@@ -175,7 +191,8 @@ class Wan:
 
 # ---- processes -------------------------------------------------------------------------------------------------------
 class NsProc:
-    """A command in a namespace (or this one), in its own process group, logged to a file."""
+    """A command in a namespace (or this one), in its own process group, logged to a file: for commands other than
+    ``cotrain`` (which :class:`cotrain.cli.launch.Proc` runs); stopped like one (``signal``, ``stop``)."""
 
     def __init__(self, name: str, argv: Sequence[str], log_path: Path, namespace: Optional[str] = None,
                  env: Optional[dict] = None):
@@ -189,13 +206,13 @@ class NsProc:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def terminate(self) -> None:
+    def signal(self, sig: int) -> None:
         if self.alive():
-            self.popen.send_signal(signal.SIGTERM)
+            self.popen.send_signal(sig)
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM, wait up to ``timeout``, then SIGKILL what is left of its process group."""
-        self.terminate()
+        self.signal(signal.SIGTERM)
         try:
             self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -216,28 +233,17 @@ class NsProc:
             return ""
 
 
-def stop_all(procs: Sequence, timeout: float = 30.0) -> list:
-    for p in procs:
-        p.terminate() if isinstance(p, NsProc) else p.signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    return [p.stop(max(0.1, deadline - time.monotonic())) for p in procs]
-
-
 # ---- the two sides ---------------------------------------------------------------------------------------------------
 def make_config(args) -> RunConfig:
-    return RunConfig.from_dict(dict(
-        run={"name": "wan", "seed": 0},
-        model={"kind": "lstm", "embed_dim": 64, "hidden_size": args.hidden, "num_layers": args.layers,
-               "dropout": 0.0},
-        data={"source": args.data, "seq_len": args.seq_len, "batch_size": args.batch_size},
+    return lstm_config(
+        "wan", args.data, args.hidden, embed_dim=64, layers=args.layers, seq_len=args.seq_len,
+        batch_size=args.batch_size,
         optimizer={"lr": 3e-3, "min_lr": 3e-4, "decay_steps": 0, "grad_clip": 1.0},
         averaging={"strategy": "diloco", "inner_steps": args.H, "outer_lr": args.outer_lr,
                    "matchmaking_time": 3.0, "request_timeout": 2.0, "progress_interval": 1.0,
                    "target_group_size": args.nodes, "round_wait": 30.0, "allreduce_timeout": 60.0},
         compression={"kind": "int8"},
-        coordinator={"checkpoint_interval_s": args.checkpoint_interval_s, "eval_bytes": args.eval_bytes},
-        device="cpu",
-    ))
+        coordinator={"checkpoint_interval_s": args.checkpoint_interval_s, "eval_bytes": args.eval_bytes})
 
 
 def read_evals(db: Path) -> list[tuple[float, int, float]]:
@@ -251,53 +257,33 @@ def read_evals(db: Path) -> list[tuple[float, int, float]]:
         return []
 
 
-def run_cotrain(args, wan: Wan, workdir: Path, register) -> dict:
-    from cotrain.coordinator.store import Store
-    from cotrain.cli.launch import start_coordinator
-    from cotrain.client import CoordinatorClient
-    from cotrain.status import message_to_dict
-
-    state = workdir / "coordinator"
-    store = Store(state)
-    token = store.create_token("wan")
-    store.close()
-    coordinator, address = start_coordinator(state, workdir / "run.toml", listen=f"{HUB_IP}:0")
-    register(coordinator)
-    print(f"cotrain: coordinator at {address}", flush=True)
-    tx0 = [wan.tx_bytes(i) for i in range(args.nodes)]
-    t0 = time.time()
-    nodes = []
-    for i in range(args.nodes):
-        node_dir = workdir / f"node-{i}"
-        node_dir.mkdir()
-        argv = [sys.executable, "-m", "cotrain.cli", "node", "join", address, "--token", token, "--name", f"wan-{i}",
-                "--insecure", "--dht-host", worker_ip(i), "--threads", "1", "--state-dir", str(node_dir),
-                "--wait-peers", str(args.nodes), "--duration", str(args.budget_s)]
-        nodes.append(register(NsProc(f"node-{i}", argv, node_dir / "node.log", wan.namespace(i))))
-    db, reached, last_print = state / "coordinator.sqlite", None, 0.0
-    while time.time() - t0 < args.budget_s:
+def run_cotrain(args, wan: Wan, workdir: Path) -> dict:
+    with Swarm(workdir / "run.toml", workdir, listen=f"{HUB_IP}:0", token_name="wan") as swarm:
+        print(f"cotrain: coordinator at {swarm.address}", flush=True)
+        tx0 = [wan.tx_bytes(i) for i in range(args.nodes)]
+        t0 = time.time()
+        nodes = [swarm.start_node(f"wan-{i}", ["--dht-host", worker_ip(i), "--threads", "1", "--wait-peers",
+                                               str(args.nodes), "--duration", str(args.budget_s)],
+                                  prefix=["ip", "netns", "exec", wan.namespace(i)]) for i in range(args.nodes)]
+        db, reached, last_print = swarm.state_dir / "coordinator.sqlite", None, 0.0
+        while time.time() - t0 < args.budget_s:
+            evals = read_evals(db)
+            hit = [e for e in evals if e[2] <= args.target_val_loss]
+            if hit:
+                reached = hit[0][0] - t0
+                break
+            if not any(n.alive() for n in nodes):
+                break
+            if evals and time.time() - last_print >= 15:
+                last_print = time.time()
+                print(f"  cotrain {time.time() - t0:5.0f}s round {evals[-1][1]} val_loss {evals[-1][2]:.4f}",
+                      flush=True)
+            time.sleep(1.0)
+        wall = time.time() - t0
+        codes = swarm.stop_nodes()
         evals = read_evals(db)
-        hit = [e for e in evals if e[2] <= args.target_val_loss]
-        if hit:
-            reached = hit[0][0] - t0
-            break
-        if not any(n.alive() for n in nodes):
-            break
-        if evals and time.time() - last_print >= 15:
-            last_print = time.time()
-            print(f"  cotrain {time.time() - t0:5.0f}s round {evals[-1][1]} val_loss {evals[-1][2]:.4f}", flush=True)
-        time.sleep(1.0)
-    wall = time.time() - t0
-    codes = stop_all(nodes)
-    evals = read_evals(db)
-    client = CoordinatorClient(address, insecure=True)
-    try:
-        health = client.health()
-    finally:
-        client.close()
-    tx1 = [wan.tx_bytes(i) for i in range(args.nodes)]
-    coordinator.stop(30)
-    rows = [dict(message_to_dict(n.metrics), name=n.node_name) for n in health.nodes]
+        rows = swarm.node_rows()
+        tx1 = [wan.tx_bytes(i) for i in range(args.nodes)]
     sent = [int(r.get("bytes_sent", 0)) for r in rows]
     iface = [b - a for a, b in zip(tx0, tx1)]
     if any(c not in (0, -signal.SIGTERM) for c in codes):
@@ -310,35 +296,39 @@ def run_cotrain(args, wan: Wan, workdir: Path, register) -> dict:
                 evals=[dict(elapsed_s=t - t0, round=r, val_loss=v) for t, r, v in evals])
 
 
-def run_ddp(args, wan: Wan, workdir: Path, register) -> dict:
-    out = workdir / "ddp-evals.jsonl"
-    tx0 = [wan.tx_bytes(i) for i in range(args.nodes)]
-    t0 = time.time()
-    ranks = []
+def start_ranks(args, wan: Wan, workdir: Path, t0: float, out: Path, ranks: list) -> None:
+    """One ``ddp_worker.py`` rank per namespace, each put in ``ranks`` as soon as it runs."""
     for i in range(args.nodes):
         argv = [sys.executable, str(HERE / "ddp_worker.py"), "--config", str(workdir / "run.toml"), "--rank", str(i),
                 "--world-size", str(args.nodes), "--master", f"{worker_ip(0)}:{DDP_PORT}", "--t0", repr(t0),
                 "--budget-s", str(args.budget_s), "--target-val-loss", str(args.target_val_loss),
                 "--eval-every", str(args.ddp_eval_every), "--out", str(out)]
         # gloo must use the limited link, not the address the host name resolves to
-        proc = NsProc(f"ddp-{i}", argv, workdir / f"ddp-{i}.log", wan.namespace(i),
-                      env={"GLOO_SOCKET_IFNAME": wan.worker_if(i)})
-        ranks.append(register(proc))
-    # the ranks stop themselves at the target or the budget; allow for rendezvous and one last interval
-    deadline, last_print = t0 + args.budget_s + 120, time.time()
-    while time.time() < deadline and any(p.alive() for p in ranks):
-        if any(p.popen.poll() not in (None, 0) for p in ranks):
-            break
-        if time.time() - last_print >= 15 and out.exists():
-            last_print = time.time()
-            lines = out.read_text().splitlines()
-            if lines:
-                e = json.loads(lines[-1])
-                print(f"  ddp {time.time() - t0:5.0f}s step {e['step']} val_loss {e['val_loss']:.4f}", flush=True)
-        time.sleep(1.0)
-    wall = time.time() - t0
-    codes = stop_all(ranks, timeout=10)
-    tx1 = [wan.tx_bytes(i) for i in range(args.nodes)]
+        ranks.append(NsProc(f"ddp-{i}", argv, workdir / f"ddp-{i}.log", wan.namespace(i),
+                            env={"GLOO_SOCKET_IFNAME": wan.worker_if(i)}))
+
+
+def run_ddp(args, wan: Wan, workdir: Path) -> dict:
+    out = workdir / "ddp-evals.jsonl"
+    tx0 = [wan.tx_bytes(i) for i in range(args.nodes)]
+    t0 = time.time()
+    with stopped_on_exit(timeout=10) as ranks:
+        start_ranks(args, wan, workdir, t0, out, ranks)
+        # the ranks stop themselves at the target or the budget; allow for rendezvous and one last interval
+        deadline, last_print = t0 + args.budget_s + 120, time.time()
+        while time.time() < deadline and any(p.alive() for p in ranks):
+            if any(p.popen.poll() not in (None, 0) for p in ranks):
+                break
+            if time.time() - last_print >= 15 and out.exists():
+                last_print = time.time()
+                lines = out.read_text().splitlines()
+                if lines:
+                    e = json.loads(lines[-1])
+                    print(f"  ddp {time.time() - t0:5.0f}s step {e['step']} val_loss {e['val_loss']:.4f}", flush=True)
+            time.sleep(1.0)
+        wall = time.time() - t0
+        codes = stop_all(ranks, timeout=10)
+        tx1 = [wan.tx_bytes(i) for i in range(args.nodes)]
     if any(codes):
         failed = next(p for p, c in zip(ranks, codes) if c)
         print(f"  warning: ddp exit codes {codes}; last lines of {failed.name}:\n{failed.tail()}", flush=True)
@@ -387,55 +377,26 @@ def main() -> int:
         print(f"bench/wan.py needs root and network namespaces (ip netns, tc with tbf): {e}", file=sys.stderr)
         return 2
 
-    def on_signal(signum, frame):
-        raise Interrupted(signal.Signals(signum).name)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    cfg = make_config(args)
-    wan = Wan(args.nodes, args.rate_mbit)
-    workdir = Path(tempfile.mkdtemp(prefix="cotrain-wan-"))
-    (workdir / "run.toml").write_text(cfg.to_toml())
-    live: list = []
-
-    def register(proc):
-        live.append(proc)
-        return proc
-
     results: dict[str, dict] = {}
-    code = 0
     try:
-        try:
-            wan.setup()
-        except RuntimeError as e:
-            print(f"bench/wan.py needs root and network namespaces; building them failed: {e}", file=sys.stderr)
-            return 2
-        print(f"WAN: {args.nodes} namespaces on {SUBNET}.0/24, each link {args.rate_mbit:g} Mbit/s each way; "
-              f"work folder {workdir}", flush=True)
-        for side in args.sides:
-            print(f"{side}: up to {args.budget_s:g}s to reach val_loss {args.target_val_loss}", flush=True)
-            results[side] = (run_cotrain if side == "cotrain" else run_ddp)(args, wan, workdir, register)
-            r = results[side]
-            reached = f"{r['time_to_target_s']:.1f}s" if r["time_to_target_s"] is not None else "not reached"
-            final = f"{r['final_val_loss']:.4f}" if r["final_val_loss"] is not None else "-"
-            print(f"  {side}: target {reached}, final val_loss {final}, {r['bytes_per_node']:,.0f} bytes/node",
-                  flush=True)
-    except Interrupted as e:
-        print(f"\ninterrupted ({e}); cleaning up", file=sys.stderr, flush=True)
-        code = 130
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        stop_all([p for p in live if p.alive() if isinstance(p, NsProc)] +
-                 [p for p in live if not isinstance(p, NsProc) and p.alive()], timeout=15)
-        for p in live:  # the groups of those that had exited on their own
-            p.stop(1) if isinstance(p, NsProc) else p.kill_group()
-        wan.teardown()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-    if code:
-        return code
+        with interruptible(), Wan(args.nodes, args.rate_mbit) as wan, \
+                work_folder("cotrain-wan-", keep=args.keep) as workdir:
+            (workdir / "run.toml").write_text(make_config(args).to_toml())
+            print(f"WAN: {args.nodes} namespaces on {SUBNET}.0/24, each link {args.rate_mbit:g} Mbit/s each way; "
+                  f"work folder {workdir}", flush=True)
+            for side in args.sides:
+                print(f"{side}: up to {args.budget_s:g}s to reach val_loss {args.target_val_loss}", flush=True)
+                results[side] = (run_cotrain if side == "cotrain" else run_ddp)(args, wan, workdir)
+                r = results[side]
+                reached = f"{r['time_to_target_s']:.1f}s" if r["time_to_target_s"] is not None else "not reached"
+                final = f"{r['final_val_loss']:.4f}" if r["final_val_loss"] is not None else "-"
+                print(f"  {side}: target {reached}, final val_loss {final}, {r['bytes_per_node']:,.0f} bytes/node",
+                      flush=True)
+    except BuildFailed as e:
+        print(f"bench/wan.py needs root and network namespaces; building them failed: {e}", file=sys.stderr)
+        return 2
+    except Interrupted:
+        return 130
 
     def cell(value, unit=""):
         return "not reached" if value is None else (f"{value:.1f}{unit}" if isinstance(value, float) else value)

@@ -18,8 +18,8 @@ from typing import Callable, Optional
 
 import grpc
 
-from cotrain.data import Corpus, Split
-from cotrain.protocol import MAX_READ_BYTES, PROTOCOL_VERSION, SUPPORTED_PROTOCOL_VERSIONS
+from cotrain.data import Corpus
+from cotrain.protocol import MAX_READ_BYTES, SUPPORTED_PROTOCOL_VERSIONS
 from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
 

@@ -12,7 +12,6 @@ import json
 import logging
 import sys
 import math
-import os
 import signal
 import threading
 import time

@@ -2,7 +2,6 @@
 issuer and key, reachability decisions. The swarm-level checks (rogue peers against real nodes) are in
 tests/test_rogue_peers.py."""
 
-import time
 
 import pytest
 

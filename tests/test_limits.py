@@ -1,7 +1,6 @@
 """A volunteer's limits: sizes, the upload cap on a real loopback exchange, idle detection, the node config file."""
 
 import argparse
-import threading
 import time
 
 import pytest

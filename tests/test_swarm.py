@@ -10,7 +10,6 @@ from cotrain.data import Corpus
 from cotrain.cli.launch import start_node, wait_for
 from cotrain.models import build_model
 from cotrain.tasks import build_task
-from cotrain.v1 import coordinator_pb2 as pb
 
 from cotrain.client import CoordinatorClient
 from tiny_swarm import RunningCoordinator, tiny_config

@@ -112,8 +112,6 @@ def cmd_swarm_status(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    import torch
-
     from cotrain.checkpoint import load_checkpoint
     from cotrain.config import RunConfig
     from cotrain.models import build_model, generate
@@ -140,52 +138,59 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    _setup_logging(args.log_level, args.log_format)
+def exit_code_for(error: BaseException) -> int | None:
+    """The exit code of a failure a user can cause (a bad config, an unreachable coordinator, ...) and the one line
+    to print for it; None for anything else (a bug: its traceback is worth seeing)."""
+    import grpc
+
     from cotrain.checkpoint import CheckpointError
+    from cotrain.client import CoordinatorUnavailable, JoinRefused
     from cotrain.config import ConfigError
     from cotrain.coordinator.fleet import FleetError
     from cotrain.coordinator.store import StateDirError
     from cotrain.data import CorpusError
-    from cotrain.client import CoordinatorUnavailable, JoinRefused
     from cotrain.protocol import AddressError
     from cotrain.warmstart import WarmStartError
 
+    if isinstance(error, JoinRefused):
+        return ExitCode.PROTOCOL if error.code == grpc.StatusCode.FAILED_PRECONDITION else ExitCode.UNAUTHENTICATED
+    if isinstance(error, grpc.RpcError):
+        return ExitCode.UNAVAILABLE if error.code() == grpc.StatusCode.UNAVAILABLE else ExitCode.ERROR
+    table = (((ConfigError, CorpusError, CheckpointError, WarmStartError), ExitCode.CONFIG),
+             (AddressError, ExitCode.USAGE), (StateDirError, ExitCode.STATE), (FleetError, ExitCode.FLEET),
+             (CoordinatorUnavailable, ExitCode.UNAVAILABLE), (OSError, ExitCode.ERROR))
+    return next((code for kinds, code in table if isinstance(error, kinds)), None)
+
+
+def _describe(error: BaseException) -> str:
     import grpc
 
+    from cotrain.client import JoinRefused
+
+    if isinstance(error, JoinRefused):
+        return f"the coordinator refused to admit this node: {error.details}"
+    if isinstance(error, grpc.RpcError):
+        return f"the coordinator answered {error.code().name}: {error.details()}"
+    return str(error)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.log_level, args.log_format)
     try:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
-    except (ConfigError, CorpusError, CheckpointError, WarmStartError) as e:
-        print(f"cotrain: {e}", file=sys.stderr)
-        return ExitCode.CONFIG
-    except AddressError as e:
-        print(f"cotrain: {e}", file=sys.stderr)
-        return ExitCode.USAGE
-    except StateDirError as e:
-        print(f"cotrain: {e}", file=sys.stderr)
-        return ExitCode.STATE
-    except FleetError as e:
-        print(f"cotrain: {e}", file=sys.stderr)
-        return ExitCode.FLEET
-    except JoinRefused as e:
-        print(f"cotrain: the coordinator refused to admit this node: {e.details}", file=sys.stderr)
-        return ExitCode.PROTOCOL if e.code == grpc.StatusCode.FAILED_PRECONDITION else ExitCode.UNAUTHENTICATED
-    except CoordinatorUnavailable as e:
-        print(f"cotrain: {e}", file=sys.stderr)
-        return ExitCode.UNAVAILABLE
-    except grpc.RpcError as e:
-        print(f"cotrain: the coordinator answered {e.code().name}: {e.details()}", file=sys.stderr)
-        return ExitCode.UNAVAILABLE if e.code() == grpc.StatusCode.UNAVAILABLE else ExitCode.ERROR
     except SystemExit as e:
         if isinstance(e.code, str):
             print(f"cotrain: {e.code}", file=sys.stderr)
             return ExitCode.USAGE
         raise
-    except OSError as e:
-        print(f"cotrain: {e}", file=sys.stderr)
-        return ExitCode.ERROR
+    except Exception as e:
+        code = exit_code_for(e)
+        if code is None:
+            raise  # a bug: its traceback says where
+        print(f"cotrain: {_describe(e)}", file=sys.stderr)
+        return code

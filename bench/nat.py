@@ -30,11 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -44,11 +41,11 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))  # the namespace helper the NAT tests use
 
 import netns  # noqa: E402
-from common import default_text, print_table, write_json  # noqa: E402
+from common import (Interrupted, Swarm, default_text, interruptible, lstm_config, print_table,  # noqa: E402
+                    uninterrupted, work_folder, write_json)
 
 from cotrain.config import RunConfig  # noqa: E402
-from cotrain.coordinator.store import Store  # noqa: E402
-from cotrain.cli.launch import Proc, start_coordinator, start_node  # noqa: E402
+from cotrain.cli.launch import Proc  # noqa: E402
 
 SCENARIOS = {
     # name: (the third node's flags, whether it listens on its link address, what it shows)
@@ -61,21 +58,13 @@ SCENARIOS = {
 }
 
 
-class Interrupted(Exception):
-    pass
-
-
 def make_config(args) -> RunConfig:
-    return RunConfig.from_dict(dict(
-        run={"name": "nat", "seed": 0},
-        model={"kind": "lstm", "embed_dim": 32, "hidden_size": args.hidden, "num_layers": 1, "dropout": 0.0},
-        data={"source": args.data, "seq_len": 64, "batch_size": 16},
+    return lstm_config(
+        "nat", args.data, args.hidden,
         optimizer={"lr": 3e-3},
         averaging={"inner_steps": args.H, "matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 1.0,
                    "allreduce_timeout": 20.0, "round_wait": 20.0},
-        coordinator={"heartbeat_interval_s": 1.0, "checkpoint_interval_s": 30.0},
-        device="cpu",
-    ))
+        coordinator={"heartbeat_interval_s": 1.0, "checkpoint_interval_s": 30.0})
 
 
 def read_frames(path: Path) -> list[dict]:
@@ -103,49 +92,15 @@ def round_time(frames: list[dict], name: str, completed: int) -> Optional[float]
     return (finished - started) / completed
 
 
-def run_scenario(args, name: str, cfg_path: Path, workdir: Path, register) -> dict:
-    flags, third_public, _ = SCENARIOS[name]
-    lab = register(netns.NatLab(nat=2 if name == "two-nat" else 1, rate_mbit=args.rate_mbit).setup())
-    state = workdir / "coordinator"
-    store = Store(state)
-    token = store.create_token("nat")
-    store.close()
-    pub = lab.prefix(lab.public)
-    coordinator, address = start_coordinator(state, cfg_path, listen=f"{lab.public_ip}:0", prefix=pub)
-    register(coordinator)
-    watch_log = workdir / "watch.json"
-    watcher = register(Proc("watch", ["swarm", "status", address, "--insecure", "--format", "json", "--watch",
-                                      "--interval", "1"], watch_log, prefix=pub))
-    cpus = sorted(os.sched_getaffinity(0))
-    nodes = [("pub-0", lab.public, ["--dht-host", lab.public_ip]), ("pub-1", lab.public, ["--dht-host", lab.public_ip]),
-             ("nat" if not third_public else "pub-2", lab.nats[0],
-              ["--dht-host", lab.nat_ip(0)] if third_public else flags)]
-    if name == "two-nat":
-        nodes = [nodes[0], ("nat-0", lab.nats[0], []), ("nat-1", lab.nats[1], [])]
-    procs = []
-    for i, (node, namespace, extra) in enumerate(nodes):
-        pin = ["taskset", "-c", str(cpus[i % len(cpus)])]
-        procs.append(register(start_node(
-            address, token, node, workdir / node, prefix=[*lab.prefix(namespace), *pin],
-            extra=["--threads", "1", "--max-cpus", "1", "--wait-peers", str(len(nodes)),
-                   "--duration", str(args.budget_s), *extra])))
-    # the nodes leave after --duration; one that failed (a flag this version lacks) would keep the others waiting
-    # for their third peer, so the rest are stopped then, and at a deadline
-    deadline = time.monotonic() + args.budget_s + 240
-    while any(p.alive() for p in procs) and coordinator.alive() and time.monotonic() < deadline:
-        if any(p.popen.poll() not in (None, 0) for p in procs):
-            break
-        time.sleep(1.0)
-    for p in procs:
-        p.signal(signal.SIGTERM)
-    codes = [p.stop(30) for p in procs]
-    final = subprocess.run([*pub, sys.executable, "-m", "cotrain.cli", "swarm", "status", address, "--insecure",
-                            "--format", "json"], capture_output=True, text=True, timeout=120)
-    watcher.stop(5)
-    coordinator.stop(30)
-    lab.teardown()
+def run_scenario(args, name: str, cfg_path: Path, workdir: Path) -> dict:
+    lab = netns.NatLab(nat=2 if name == "two-nat" else 1, rate_mbit=args.rate_mbit).setup()
+    try:
+        nodes, codes, procs, final = run_nodes(args, name, lab, cfg_path, workdir)
+    finally:
+        with uninterrupted():
+            lab.teardown()
     rows = {r["node_name"]: r for r in json.loads(final.stdout)["nodes"]} if final.returncode == 0 else {}
-    frames = read_frames(watch_log)
+    frames = read_frames(workdir / "watch.json")
     out = []
     for (node, _, _), proc, code in zip(nodes, procs, codes):
         row = rows.get(node)
@@ -160,6 +115,42 @@ def run_scenario(args, name: str, cfg_path: Path, workdir: Path, register) -> di
                         log_tail=proc.log()[-1500:] if code != 0 else ""))
     return dict(nodes=out, bytes_sent_total=sum(n["bytes_sent"] for n in out),
                 bytes_received_total=sum(n["bytes_received"] for n in out))
+
+
+def run_nodes(args, name: str, lab: netns.NatLab, cfg_path: Path, workdir: Path):
+    """The scenario's swarm in ``lab``, watched every second, until its nodes leave;
+    -> (nodes, their exit codes, their processes, the final ``swarm status --format json``)."""
+    flags, third_public, _ = SCENARIOS[name]
+    pub = lab.prefix(lab.public)
+    with Swarm(cfg_path, workdir, listen=f"{lab.public_ip}:0", prefix=pub, token_name="nat") as swarm:
+        address = swarm.address
+        watcher = swarm.add(Proc("watch", ["swarm", "status", address, "--insecure", "--format", "json", "--watch",
+                                           "--interval", "1"], workdir / "watch.json", prefix=pub))
+        cpus = sorted(os.sched_getaffinity(0))
+        nodes = [("pub-0", lab.public, ["--dht-host", lab.public_ip]),
+                 ("pub-1", lab.public, ["--dht-host", lab.public_ip]),
+                 ("nat" if not third_public else "pub-2", lab.nats[0],
+                  ["--dht-host", lab.nat_ip(0)] if third_public else flags)]
+        if name == "two-nat":
+            nodes = [nodes[0], ("nat-0", lab.nats[0], []), ("nat-1", lab.nats[1], [])]
+        procs = []
+        for i, (node, namespace, extra) in enumerate(nodes):
+            pin = ["taskset", "-c", str(cpus[i % len(cpus)])]
+            procs.append(swarm.start_node(node, ["--threads", "1", "--max-cpus", "1", "--wait-peers", str(len(nodes)),
+                                                 "--duration", str(args.budget_s), *extra],
+                                          prefix=[*lab.prefix(namespace), *pin]))
+        # the nodes leave after --duration; one that failed (a flag this version lacks) would keep the others waiting
+        # for their third peer, so the rest are stopped then, and at a deadline
+        deadline = time.monotonic() + args.budget_s + 240
+        while any(p.alive() for p in procs) and swarm.coordinator.alive() and time.monotonic() < deadline:
+            if any(p.popen.poll() not in (None, 0) for p in procs):
+                break
+            time.sleep(1.0)
+        codes = swarm.stop_nodes()
+        final = subprocess.run([*pub, sys.executable, "-m", "cotrain.cli", "swarm", "status", address, "--insecure",
+                                "--format", "json"], capture_output=True, text=True, timeout=120)
+        watcher.stop(5)
+    return nodes, codes, procs, final
 
 
 def main() -> int:
@@ -181,52 +172,23 @@ def main() -> int:
         print(f"bench/nat.py needs network namespaces: {reason}", file=sys.stderr)
         return 2
 
-    def on_signal(signum, frame):
-        raise Interrupted(signal.Signals(signum).name)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    workdir = Path(tempfile.mkdtemp(prefix="cotrain-nat-"))
-    cfg_path = workdir / "run.toml"
-    cfg_path.write_text(make_config(args).to_toml())
-    live: list = []
-
-    def register(thing):
-        live.append(thing)
-        return thing
-
     results: dict[str, dict] = {}
-    code = 0
     try:
-        for name in args.scenarios:
-            print(f"{name}: {SCENARIOS[name][2]}, {args.budget_s:g}s", flush=True)
-            results[name] = run_scenario(args, name, cfg_path, workdir / name, register)
-            for n in results[name]["nodes"]:
-                rt = f"{n['round_time_s']:.2f}s/round" if n["round_time_s"] else "-"
-                print(f"  {n['node']}: {n['reachability'] or '-'}, {n['rounds_completed']} rounds ({rt}), "
-                      f"{n['partial_rounds']} partial, {n['bytes_sent']:,} bytes sent, exit {n['exit_code']}",
-                      flush=True)
-                if n["exit_code"] != 0:
-                    print("    " + n["log_tail"].strip().replace("\n", "\n    ")[-600:], flush=True)
-    except Interrupted as e:
-        print(f"\ninterrupted ({e}); cleaning up", file=sys.stderr, flush=True)
-        code = 130
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for thing in reversed(live):
-            if isinstance(thing, Proc):
-                thing.stop(10)
-        for thing in live:
-            if isinstance(thing, netns.NatLab):
-                thing.teardown()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            print(f"work folder kept: {workdir}")
-    if code:
-        return code
+        with interruptible(), work_folder("cotrain-nat-", keep=args.keep) as workdir:
+            cfg_path = workdir / "run.toml"
+            cfg_path.write_text(make_config(args).to_toml())
+            for name in args.scenarios:
+                print(f"{name}: {SCENARIOS[name][2]}, {args.budget_s:g}s", flush=True)
+                results[name] = run_scenario(args, name, cfg_path, workdir / name)
+                for n in results[name]["nodes"]:
+                    rt = f"{n['round_time_s']:.2f}s/round" if n["round_time_s"] else "-"
+                    print(f"  {n['node']}: {n['reachability'] or '-'}, {n['rounds_completed']} rounds ({rt}), "
+                          f"{n['partial_rounds']} partial, {n['bytes_sent']:,} bytes sent, exit {n['exit_code']}",
+                          flush=True)
+                    if n["exit_code"] != 0:
+                        print("    " + n["log_tail"].strip().replace("\n", "\n    ")[-600:], flush=True)
+    except Interrupted:
+        return 130
 
     rows = []
     for name, r in results.items():

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import default_text, print_table, run_swarm, write_json  # noqa: E402
+from common import default_text, lstm_config, print_table, run_swarm, write_json  # noqa: E402
 
 from cotrain.config import ATTACKS, RunConfig  # noqa: E402
 
@@ -34,17 +34,12 @@ METHODS = ("clipped_mean", "centered_clip", "trimmed_mean")
 
 def make_config(args, aggregation: str) -> RunConfig:
     steps = args.rounds * args.H
-    return RunConfig.from_dict(dict(
-        run={"name": "byzantine", "seed": 0},
-        model={"kind": "lstm", "embed_dim": 32, "hidden_size": args.hidden, "num_layers": 1, "dropout": 0.0},
-        data={"source": args.data, "seq_len": 64, "batch_size": 16},
+    return lstm_config(
+        "byzantine", args.data, args.hidden,
         optimizer={"lr": 3e-3, "min_lr": 3e-4, "decay_steps": steps, "grad_clip": 1.0},
         averaging={"strategy": "diloco", "inner_steps": args.H, "aggregation": aggregation,
                    "matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 0.5,
-                   "target_group_size": args.nodes, "round_wait": 30.0},
-        coordinator={"checkpoint_interval_s": 3600.0},
-        device="cpu",
-    ))
+                   "target_group_size": args.nodes, "round_wait": 30.0})
 
 
 def one_run(args, aggregation: str, attack: str = "") -> dict:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import default_text, print_table, run_swarm, write_json  # noqa: E402
+from common import default_text, lstm_config, print_table, run_swarm, write_json  # noqa: E402
 
 from cotrain.config import RunConfig  # noqa: E402
 
@@ -40,20 +40,15 @@ COMPRESSIONS = ("none", "fp16", "int8", "int4", "topk", "powersgd")
 
 
 def make_config(args, strategy: str, inner_steps: int, compression: str, steps_per_node: int) -> RunConfig:
-    return RunConfig.from_dict(dict(
-        run={"name": "comm", "seed": 0},
-        model={"kind": "lstm", "embed_dim": 64, "hidden_size": args.hidden, "num_layers": args.layers,
-               "dropout": 0.0},
-        data={"source": args.data, "seq_len": args.seq_len, "batch_size": args.batch_size},
+    return lstm_config(
+        "comm", args.data, args.hidden, embed_dim=64, layers=args.layers, seq_len=args.seq_len,
+        batch_size=args.batch_size,
         optimizer={"lr": 3e-3, "min_lr": 3e-4, "decay_steps": steps_per_node, "grad_clip": 1.0},
         averaging={"strategy": strategy, "inner_steps": inner_steps, "outer_lr": args.outer_lr,
                    "outer_momentum": args.outer_momentum,
                    "matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 0.5,
                    "target_group_size": args.nodes, "round_wait": 0.0 if strategy == "sync" else 30.0},
-        compression={"kind": compression, "topk_fraction": args.topk_fraction, "powersgd_rank": args.rank},
-        coordinator={"checkpoint_interval_s": 3600.0},
-        device="cpu",
-    ))
+        compression={"kind": compression, "topk_fraction": args.topk_fraction, "powersgd_rank": args.rank})
 
 
 def one_run(args, strategy: str, inner_steps: int, compression: str) -> dict:

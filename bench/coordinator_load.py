@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,11 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grpc  # noqa: E402
 
-from common import print_table, write_json  # noqa: E402
+from common import Swarm, print_table, work_folder, write_json  # noqa: E402
 
 from cotrain.config import RunConfig  # noqa: E402
-from cotrain.coordinator.store import Store  # noqa: E402
-from cotrain.cli.launch import start_coordinator  # noqa: E402
 from cotrain.protocol import PROTOCOL_VERSION  # noqa: E402
 from cotrain.v1 import coordinator_pb2 as pb  # noqa: E402
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
@@ -101,20 +97,15 @@ async def drive(address: str, token: str, nodes: int, seconds: float, concurrenc
 
 def one_run(args, unary: bool) -> dict:
     """A fresh coordinator, ``args.nodes`` joins, then heartbeats for ``args.seconds``."""
-    tmp = Path(tempfile.mkdtemp(prefix="cotrain-load-"))
-    corpus = tmp / "corpus.txt"
-    corpus.write_text("the swarm trains one model together. " * 2000)
-    cfg = RunConfig().with_overrides(data={"source": str(corpus), "batch_size": 2, "seq_len": 16},
-                                     coordinator={"join_rate_per_s": 0.0, "heartbeat_rate_per_s": 0.0,
-                                                  "heartbeat_interval_s": 60.0})
-    (tmp / "run.toml").write_text(cfg.to_toml())
-    token = Store(tmp / "state").create_token("load")
-    proc, address = start_coordinator(tmp / "state", tmp / "run.toml")
-    try:
-        return asyncio.run(drive(address, token, args.nodes, args.seconds, args.concurrency, args.channels, unary))
-    finally:
-        proc.stop(30)
-        shutil.rmtree(tmp, ignore_errors=True)
+    with work_folder("cotrain-load-") as tmp:
+        corpus = tmp / "corpus.txt"
+        corpus.write_text("the swarm trains one model together. " * 2000)
+        cfg = RunConfig().with_overrides(data={"source": str(corpus), "batch_size": 2, "seq_len": 16},
+                                         coordinator={"join_rate_per_s": 0.0, "heartbeat_rate_per_s": 0.0,
+                                                      "heartbeat_interval_s": 60.0})
+        with Swarm(cfg, tmp, token_name="load") as swarm:  # the coordinator alone: the nodes are simulated here
+            return asyncio.run(drive(swarm.address, swarm.token, args.nodes, args.seconds, args.concurrency,
+                                     args.channels, unary))
 
 
 def main() -> int:

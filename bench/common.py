@@ -64,10 +64,24 @@ def _main_thread() -> bool:
 
 
 @contextmanager
+def _stop_signals_to(handler) -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP go to ``handler`` inside the block; the previous handlers come back after it. In the
+    main thread only, where Python runs signal handlers (elsewhere the block runs as it is)."""
+    if not _main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+@contextmanager
 def interruptible() -> Iterator[None]:
     """Inside the block, Ctrl-C, SIGTERM and SIGHUP print ``interrupted (SIGNAME); cleaning up`` and raise
-    :class:`Interrupted`, once: further ones are ignored while the block unwinds and cleans up. The previous handlers
-    come back when the block ends."""
+    :class:`Interrupted`, once: further ones are ignored while the block unwinds and cleans up."""
     def on_signal(signum, frame):
         for s in STOP_SIGNALS:  # a second Ctrl-C must not cut the clean-up short
             signal.signal(s, signal.SIG_IGN)
@@ -75,27 +89,15 @@ def interruptible() -> Iterator[None]:
         print(f"\ninterrupted ({name}); cleaning up", file=sys.stderr, flush=True)
         raise Interrupted(name)
 
-    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
-    try:
+    with _stop_signals_to(on_signal):
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 @contextmanager
 def uninterrupted() -> Iterator[None]:
-    """Ignore Ctrl-C, SIGTERM and SIGHUP inside the block (a clean-up that must run to its end); in the main thread
-    only, where Python runs signal handlers."""
-    if not _main_thread():
+    """Ignore Ctrl-C, SIGTERM and SIGHUP inside the block: a clean-up that must run to its end."""
+    with _stop_signals_to(signal.SIG_IGN):
         yield
-        return
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 @contextmanager

@@ -24,7 +24,6 @@ with the checks off, and the bare Ed25519 verification.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import default_text, lstm_config, print_table, run_swarm, write_json  # noqa: E402
+from common import bench_parser, default_text, lstm_config, print_table, run_swarm, write_json  # noqa: E402
 
 from cotrain.averaging.admission import (  # noqa: E402
     CREDENTIAL_DOMAIN, Admission, issue_credential, new_private_key)
@@ -109,8 +108,7 @@ def check_costs(number: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=None, help="text file (default ../shared/data/tinyshakespeare.txt)")
+    parser = bench_parser(__doc__)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=20, help="DiLoCo rounds per node and run")
     parser.add_argument("--H", type=int, default=10, help="local steps per round")

@@ -19,13 +19,12 @@ clipped mean (clip_multiple 2) 0.999x clean, 0.998x scaled, 1.09-1.13x sign-flip
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import default_text, lstm_config, print_table, run_swarm, write_json  # noqa: E402
+from common import bench_parser, default_text, lstm_config, print_table, run_swarm, write_json  # noqa: E402
 
 from cotrain.config import ATTACKS, RunConfig  # noqa: E402
 
@@ -54,8 +53,7 @@ def one_run(args, aggregation: str, attack: str = "") -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=None, help="text file (default ../shared/data/tinyshakespeare.txt)")
+    parser = bench_parser(__doc__)
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=20, help="DiLoCo rounds per run")
     parser.add_argument("--H", type=int, default=10, help="local steps per round")

@@ -11,7 +11,6 @@ the node with the most rounds is evaluated on the whole validation split (nats p
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import time
@@ -19,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (Swarm, default_text, evaluate_state, final_checkpoint, lstm_config, print_table,  # noqa: E402
-                    stop_all, work_folder, write_json)
+from common import (Swarm, bench_parser, default_text, evaluate_state, final_checkpoint, lstm_config,  # noqa: E402
+                    print_table, stop_all, work_folder, write_json)
 
 from cotrain.config import RunConfig  # noqa: E402
 
@@ -82,8 +81,7 @@ def one_run(args, chaos: bool) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=None, help="text file (default ../shared/data/tinyshakespeare.txt)")
+    parser = bench_parser(__doc__)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--duration", type=float, default=240.0, help="seconds of training per run")
     parser.add_argument("--kill-every", type=float, default=15.0, help="seconds between kills")

@@ -13,6 +13,7 @@ and SIGHUP into :class:`Interrupted` for benches that answer them with a message
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import shutil
@@ -247,6 +248,13 @@ def lstm_config(name: str, data: str, hidden: int, *, embed_dim: int = 32, layer
         device="cpu",
         **sections,
     ))
+
+
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+    """A bench's argument parser: its docstring as the description, and ``--data`` (None: :func:`default_text`)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=None, help="text file (default ../shared/data/tinyshakespeare.txt)")
+    return parser
 
 
 def default_text() -> str:

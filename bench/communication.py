@@ -25,14 +25,13 @@ BASELINES.md model.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import default_text, lstm_config, print_table, run_swarm, write_json  # noqa: E402
+from common import bench_parser, default_text, lstm_config, print_table, run_swarm, write_json  # noqa: E402
 
 from cotrain.config import RunConfig  # noqa: E402
 
@@ -69,8 +68,7 @@ def one_run(args, strategy: str, inner_steps: int, compression: str) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=None, help="text file (default ../shared/data/tinyshakespeare.txt)")
+    parser = bench_parser(__doc__)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--samples", type=int, default=57_600,
                         help="sequences in total, per run (default: 600 steps of each of 3 nodes)")

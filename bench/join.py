@@ -10,14 +10,13 @@ printed) and training until the round ends.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Swarm, default_text, lstm_config, print_table, work_folder, write_json  # noqa: E402
+from common import Swarm, bench_parser, default_text, lstm_config, print_table, work_folder, write_json  # noqa: E402
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.cli.launch import wait_for  # noqa: E402
@@ -60,8 +59,7 @@ def measure(data: str, label: str, hidden: int, inner_steps: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=None, help="text file (default ../shared/data/tinyshakespeare.txt)")
+    parser = bench_parser(__doc__)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--inner-steps", type=int, default=10)
     parser.add_argument("--json", default=None)

@@ -27,7 +27,6 @@ errors and on Ctrl-C too.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -41,8 +40,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))  # the namespace helper the NAT tests use
 
 import netns  # noqa: E402
-from common import (Interrupted, Swarm, default_text, interruptible, lstm_config, print_table,  # noqa: E402
-                    uninterrupted, work_folder, write_json)
+from common import (Interrupted, Swarm, bench_parser, default_text, interruptible, lstm_config,  # noqa: E402
+                    print_table, uninterrupted, work_folder, write_json)
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.cli.launch import Proc  # noqa: E402
@@ -154,8 +153,7 @@ def run_nodes(args, name: str, lab: netns.NatLab, cfg_path: Path, workdir: Path)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=None, help="text file (default ../shared/data/tinyshakespeare.txt)")
+    parser = bench_parser(__doc__)
     parser.add_argument("--budget-s", type=float, default=90.0, help="each node's --duration in every scenario")
     parser.add_argument("--hidden", type=int, default=128, help="LSTM hidden size (1 layer)")
     parser.add_argument("--H", type=int, default=20, help="local steps per DiLoCo round")

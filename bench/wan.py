@@ -34,7 +34,6 @@ workers, so absolute times depend on its load; compare the two sides of one run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -49,8 +48,8 @@ from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (Interrupted, Swarm, default_text, interruptible, lstm_config, print_table, stop_all,  # noqa: E402
-                    stopped_on_exit, uninterrupted, work_folder, write_json)
+from common import (Interrupted, Swarm, bench_parser, default_text, interruptible, lstm_config,  # noqa: E402
+                    print_table, stop_all, stopped_on_exit, uninterrupted, work_folder, write_json)
 
 from cotrain.config import RunConfig  # noqa: E402
 
@@ -346,8 +345,7 @@ def run_ddp(args, wan: Wan, workdir: Path) -> dict:
 
 # ---- main ------------------------------------------------------------------------------------------------------------
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=None, help="text file (default ../shared/data/tinyshakespeare.txt)")
+    parser = bench_parser(__doc__)
     parser.add_argument("--nodes", type=int, default=3, help="workers on each side (one namespace each)")
     parser.add_argument("--rate-mbit", type=float, default=50.0, help="limit of each direction of each link")
     parser.add_argument("--budget-s", type=float, default=300.0, help="time budget of each side")

@@ -39,7 +39,6 @@ import os
 import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -52,6 +51,7 @@ from common import (Interrupted, Swarm, bench_parser, default_text, interruptibl
                     print_table, stop_all, stopped_on_exit, uninterrupted, work_folder, write_json)
 
 from cotrain.config import RunConfig  # noqa: E402
+from cotrain.coordinator.store import read_evals  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 NS_PREFIX = "cotrain-wan-"
@@ -245,17 +245,6 @@ def make_config(args) -> RunConfig:
         coordinator={"checkpoint_interval_s": args.checkpoint_interval_s, "eval_bytes": args.eval_bytes})
 
 
-def read_evals(db: Path) -> list[tuple[float, int, float]]:
-    try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
-        try:
-            return conn.execute("SELECT time, round, val_loss FROM evals ORDER BY time").fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return []
-
-
 def run_cotrain(args, wan: Wan, workdir: Path) -> dict:
     with Swarm(workdir / "run.toml", workdir, listen=f"{HUB_IP}:0", token_name="wan") as swarm:
         print(f"cotrain: coordinator at {swarm.address}", flush=True)
@@ -264,23 +253,23 @@ def run_cotrain(args, wan: Wan, workdir: Path) -> dict:
         nodes = [swarm.start_node(f"wan-{i}", ["--dht-host", worker_ip(i), "--threads", "1", "--wait-peers",
                                                str(args.nodes), "--duration", str(args.budget_s)],
                                   prefix=["ip", "netns", "exec", wan.namespace(i)]) for i in range(args.nodes)]
-        db, reached, last_print = swarm.state_dir / "coordinator.sqlite", None, 0.0
+        reached, last_print = None, 0.0
         while time.time() - t0 < args.budget_s:
-            evals = read_evals(db)
-            hit = [e for e in evals if e[2] <= args.target_val_loss]
+            evals = read_evals(swarm.state_dir)
+            hit = [e for e in evals if e.val_loss <= args.target_val_loss]
             if hit:
-                reached = hit[0][0] - t0
+                reached = hit[0].time - t0
                 break
             if not any(n.alive() for n in nodes):
                 break
             if evals and time.time() - last_print >= 15:
                 last_print = time.time()
-                print(f"  cotrain {time.time() - t0:5.0f}s round {evals[-1][1]} val_loss {evals[-1][2]:.4f}",
+                print(f"  cotrain {time.time() - t0:5.0f}s round {evals[-1].round} val_loss {evals[-1].val_loss:.4f}",
                       flush=True)
             time.sleep(1.0)
         wall = time.time() - t0
         codes = swarm.stop_nodes()
-        evals = read_evals(db)
+        evals = read_evals(swarm.state_dir)
         rows = swarm.node_rows()
         tx1 = [wan.tx_bytes(i) for i in range(args.nodes)]
     sent = [int(r.get("bytes_sent", 0)) for r in rows]
@@ -289,10 +278,10 @@ def run_cotrain(args, wan: Wan, workdir: Path) -> dict:
         print(f"  warning: node exit codes {codes}; logs in {workdir}", flush=True)
     return dict(time_to_target_s=reached, bytes_per_node=sum(sent) / max(1, len(sent)),
                 iface_tx_bytes_per_node=sum(iface) / len(iface), bytes_sent=sent, iface_tx_bytes=iface,
-                final_val_loss=evals[-1][2] if evals else None, wall_s=wall,
+                final_val_loss=evals[-1].val_loss if evals else None, wall_s=wall,
                 rounds=max((int(r.get("round", 0)) for r in rows), default=0), coordinator_state_downloads=len(evals),
                 steps=[int(r.get("step", 0)) for r in rows],
-                evals=[dict(elapsed_s=t - t0, round=r, val_loss=v) for t, r, v in evals])
+                evals=[dict(elapsed_s=e.time - t0, round=e.round, val_loss=e.val_loss) for e in evals])
 
 
 def start_ranks(args, wan: Wan, workdir: Path, t0: float, out: Path, ranks: list) -> None:

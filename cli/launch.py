@@ -125,6 +125,9 @@ def start_coordinator(state_dir: Path, config: Optional[Path] = None, log_path: 
                 time.sleep(0.5)
                 continue
             raise
+        except BaseException:  # Ctrl-C while it starts: the caller gets no handle, so nothing else would stop it
+            proc.stop(5)
+            raise
         return proc, json.loads(info.read_text())["address"]
 
 

@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import math
+import os
 import signal
 import threading
 import time
@@ -30,6 +31,7 @@ from cotrain.config import RunConfig
 from cotrain.models import count_parameters
 from cotrain.outage import Outage
 from cotrain.protocol import DIAL_OUT_ONLY
+from cotrain.status import message_to_dict
 from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
@@ -86,6 +88,7 @@ class Node:
         self.paused = False
         self.averaging: Optional[RoundAverager] = None
         self.admission: Optional[Admission] = None
+        self._status_outage = Outage("writing status.json", logger)
 
     # ---- identity ------------------------------------------------------------------------------------------------
     def _identity_file(self) -> Optional[Path]:
@@ -156,7 +159,6 @@ class Node:
         torch.set_flush_denormal(True)
         device = pick_device(cfg.device)
         task = build_task(cfg)
-        torch.manual_seed(cfg.run.seed)  # same initial weights on every node of the run
         model = task.build_model(list(response.run.byte_counts)).to(device)
         logger.info("model %s with %d parameters on %s", cfg.model.kind, count_parameters(model), device)
 
@@ -293,6 +295,7 @@ class Node:
         self.metrics.epoch = unit.epoch
         state = None
         started, last_log, last_status = time.monotonic(), time.monotonic(), 0.0
+        status_round = -1  # the round of the last status.json
         self.metrics.started = started
         status = TerminalStatus()
         idle = IdleMonitor(OtherProcessesLoad()) if self.options.only_when_idle else None
@@ -344,6 +347,9 @@ class Node:
                 status.update(f"step {self.metrics.step}  round {averaging.round}  loss {self.metrics.loss:.3f}  "
                               f"{self.metrics.samples_per_s:.1f} samples/s  group {averaging.stats.last_group_size}  "
                               f"sent {averaging.exchange.bytes_sent / 1e6:.1f} MB")
+            if averaging.round != status_round or now - last_log >= self.options.log_every_s:
+                status_round = averaging.round
+                self._write_status()
             if now - last_log >= self.options.log_every_s:
                 last_log = now
                 s = averaging.stats
@@ -357,6 +363,7 @@ class Node:
             if self.options.duration and now - started >= self.options.duration:
                 self.request_stop(f"ran for --duration {self.options.duration:g}s")
         status.stop()
+        self._write_status()  # the figures it leaves with
 
     def _pause_while_busy(self, idle: "IdleMonitor", status: "TerminalStatus") -> None:
         """--only-when-idle: while the machine is in use, stop training (peers do not wait for a paused node),
@@ -384,6 +391,20 @@ class Node:
         names = [n for n, _ in a.model.named_parameters()]
         save_checkpoint(self.options.state_dir / "last.safetensors", named_state(names, tensors),
                         dict(metadata, config_toml=cfg.to_toml(), rounds=a.stats.history, time=time.time()))
+
+    def _write_status(self) -> None:
+        """``STATE_DIR/status.json``: what the heartbeat reports (round, rounds completed, bytes, ...) and when, kept
+        on this machine for its owner's monitoring and for tests, and readable while the coordinator is away.
+        Written atomically at every new round and every ``log_every_s``."""
+        if not self.options.state_dir:
+            return
+        status = dict(message_to_dict(self.node_metrics()), time=time.time(), pid=os.getpid())
+        try:
+            atomic_write_bytes(self.options.state_dir / "status.json", json.dumps(status).encode())
+        except OSError as e:
+            self._status_outage.failed(e, action="training on")
+        else:
+            self._status_outage.succeeded()
 
     def node_metrics(self) -> pb.NodeMetrics:
         m, a = self.metrics, self.averaging

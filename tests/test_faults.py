@@ -1,7 +1,7 @@
 """Faults on real processes: a node killed with -9 in the middle of training, a coordinator killed and restarted,
 a corrupt checkpoint. Training goes on and nothing acknowledged is lost."""
 
-import re
+import json
 
 import pytest
 import torch
@@ -21,11 +21,13 @@ def rows(client) -> dict:
     return {n.node_name: n for n in client.health().nodes}
 
 
-def finished_rounds(node) -> list[int]:
-    """The rounds a running node finished, from its log: only for waiting while its coordinator is away, when no
-    status reaches anyone (a missing signal: the node publishes nothing local, and its progress records on the DHT
-    stopped being stored once the coordinator's DHT peer died in our runs)."""
-    return [int(r) for r in re.findall(r"round (\d+) done with", node.log())]
+def node_status(state_dir) -> dict:
+    """What a running node reports about itself in STATE_DIR/status.json (its heartbeat's figures, also while its
+    coordinator is away); {} before it first wrote one."""
+    try:
+        return json.loads((state_dir / "status.json").read_text())
+    except FileNotFoundError:
+        return {}
 
 
 def rounds_done(state_dir) -> list[tuple[int, int]]:
@@ -89,12 +91,12 @@ def test_a_killed_nodes_work_unit_is_reissued_and_finished_by_another(tmp_path, 
                  what="both nodes to finish units and n1 to hold one", procs=nodes + [running.proc])
         victim, survivor = row("n1").node_id, row("n0").node_id
         nodes[1].kill()  # kill -9: no Leave; the coordinator must notice it is lost
-        held = [(r[0], r[1]) for r in store.load_units() if r[4] == "in_progress" and r[5] == victim]
+        held = [(u.epoch, u.index) for u in store.load_units() if u.state == "in_progress" and u.holder == victim]
         assert held, "n1 held no unit when it was killed"
 
         def finished_by_survivor():
-            units = {(r[0], r[1]): r for r in store.load_units()}
-            return all(k in units and units[k][4] == "done" and units[k][5] == survivor for k in held)
+            units = {(u.epoch, u.index): u for u in store.load_units()}
+            return all(k in units and units[k].state == "done" and units[k].holder == survivor for k in held)
 
         wait_for(finished_by_survivor, 180, what=f"n0 to finish n1's units {held}", procs=[nodes[0], running.proc])
         health = client.health()
@@ -124,12 +126,11 @@ def test_swarm_trains_on_while_the_coordinator_is_away(tmp_path, corpus_file):
             members = {n.node_id for n in client.health().nodes}
         proc.kill()  # kill -9 the coordinator
         proc.kill_group()
-        during = {n.name: max(finished_rounds(n), default=-1) for n in nodes}
-        # nothing structured reports a node's rounds while its coordinator is away (see finished_rounds): only
-        # waiting reads the log; what is asserted comes from the coordinator once it is back
-        wait_for(lambda: all(max(finished_rounds(n), default=-1) >= during[n.name] + 2 for n in nodes), 120,
-                 what="rounds while the coordinator is down", procs=nodes)
-        at_restart = {n.name: max(finished_rounds(n)) + 1 for n in nodes}  # the round each node is at
+        dirs = {n.name: tmp_path / n.name for n in nodes}
+        during = {name: node_status(d)["rounds_completed"] for name, d in dirs.items()}
+        wait_for(lambda: all(node_status(d)["rounds_completed"] >= during[name] + 2 for name, d in dirs.items()),
+                 120, what="rounds while the coordinator is down", procs=nodes)
+        at_restart = {name: node_status(d)["round"] for name, d in dirs.items()}  # the round each node is at
         proc, address = start_coordinator(state, tmp_path / "run.toml", listen=address)  # where the nodes look
         with CoordinatorClient(address, insecure=True) as client:
             assert {n.node_id for n in client.health().nodes} == members  # no member lost
@@ -150,9 +151,9 @@ def test_corrupt_checkpoint_falls_back_to_the_previous(tmp_path, corpus_file):
         wait_for(lambda: len(running.checkpoints()) >= 2, 120, what="two checkpoints", procs=[node, running.proc])
         node.stop(30)
         newest, previous = running.checkpoints()[:2]
-        data = bytearray(open(newest[1], "rb").read())
+        data = bytearray(open(newest.path, "rb").read())
         data[len(data) // 2] ^= 0xFF
-        open(newest[1], "wb").write(bytes(data))
+        open(newest.path, "wb").write(bytes(data))
         stranger = start_node(running.address, running.token, "stranger", tmp_path / "s",
                               extra=["--threads", "1", "--max-steps", "1"])
         wait_for(lambda: not stranger.alive(), 120, what="the stranger to start")
@@ -160,8 +161,8 @@ def test_corrupt_checkpoint_falls_back_to_the_previous(tmp_path, corpus_file):
         # with no peer and no state of its own it took the newest checkpoint that is intact (the newest arrives
         # corrupt and the client refuses it too, so a stranger holding it would show the initial weights instead)
         took = load_checkpoint(tmp_path / "s" / "last.safetensors")
-        assert took.round == previous[0], (took.round, previous[0], newest[0])
-        intact = load_checkpoint(previous[1])
+        assert took.round == previous.round, (took.round, previous.round, newest.round)
+        intact = load_checkpoint(previous.path)
         common = intact.tensors.keys() & took.tensors.keys()
         assert common and all(torch.equal(intact.tensors[k], took.tensors[k]) for k in common)
     finally:

@@ -28,15 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
-import torch
 
 from cotrain.checkpoint import load_checkpoint
 from cotrain.config import RunConfig
+from cotrain.evaluation import evaluate_state  # noqa: F401 - the benches' evaluation, re-exported
 from cotrain.coordinator.store import Store
 from cotrain.cli.launch import Proc, start_coordinator, start_node, wait_for
-from cotrain.models import build_model
 from cotrain.client import CoordinatorClient
-from cotrain.tasks import build_task
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -305,20 +303,6 @@ def run_swarm(cfg: RunConfig, nodes: int, node_args: Sequence[str], workdir: Opt
         if evaluate:
             result.metrics = evaluate_state(cfg, final.model_state())
     return result
-
-
-def evaluate_state(cfg: RunConfig, state: Optional[dict], max_bytes: int = 0) -> dict:
-    from cotrain.data import Corpus
-
-    torch.manual_seed(cfg.run.seed)
-    task = build_task(cfg)
-    model = build_model(cfg)
-    if state is not None:
-        model.load_state_dict(state)
-    corpus = None
-    if task.needs_corpus:
-        corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)
-    return task.evaluate(model, corpus, max_bytes=max_bytes)
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:

@@ -105,11 +105,11 @@ def run_demo(args) -> int:
         console.print("[red]the swarm produced no checkpoint[/red]")
         return 1
     ckpt = load_checkpoint(Path(checkpoint))
-    # the run's one evaluation (the coordinator's, which reads only the first coordinator.eval_bytes), over the whole
-    # validation split: of the weights the swarm started from, and of the checkpoint
-    initial = evaluate_state(cfg, None, corpus=corpus)["val_bpc"]
+    # the run's one evaluation, over what the coordinator's covers (the first coordinator.eval_bytes of the validation
+    # split), so the figure is the dashboard's for this checkpoint: of the weights the swarm started from, and of it
+    initial = evaluate_state(cfg, None, corpus=corpus, max_bytes=cfg.coordinator.eval_bytes)["val_bpc"]
     model = model_from_state(cfg, ckpt.model_state())
-    final = evaluate_model(cfg, model, corpus=corpus)["val_bpc"]
+    final = evaluate_model(cfg, model, corpus=corpus, max_bytes=cfg.coordinator.eval_bytes)["val_bpc"]
     sample = generate(model, b"\n", 300, temperature=0.8, seed=0).decode("utf-8", errors="replace")
     wall = time.monotonic() - started
     console.rule("result")

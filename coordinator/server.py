@@ -127,7 +127,6 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
 
     dht = start_dht(host=host if host not in ("0.0.0.0", "::") else "0.0.0.0", port=options.dht_port,
                     identity_path=str(options.state_dir / "dht.key"), announce=options.dht_announce)
-    torch.manual_seed(cfg.run.seed)
     model = build_model(cfg)
     issuer = Issuer(load_or_create_key(options.state_dir), run_id, cfg.coordinator.credential_ttl_s, store.get_meta,
                     store.set_meta, time.time)
@@ -157,7 +156,7 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
     if options.ray_address or options.managed_nodes:
         fleet = Fleet(options.ray_address, num_cpus=max(os.cpu_count() or 1,
                                                         options.managed_nodes * options.managed_node_cpus + 1))
-    checkpointer = Checkpointer(cfg, run_id, model, exchange, board, store, summary, evaluator_for(cfg, fleet))
+    checkpointer = Checkpointer(cfg, run_id, model, exchange, board, store, summary, evaluator_for(cfg, fleet, corpus=corpus))
 
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
     # every RPC of the proto, with malformed requests answered INVALID_ARGUMENT before the service sees them

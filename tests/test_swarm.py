@@ -6,12 +6,10 @@ import pytest
 import torch
 
 from cotrain.checkpoint import load_checkpoint
-from cotrain.data import Corpus
 from cotrain.cli.launch import start_node, wait_for
-from cotrain.models import build_model
-from cotrain.tasks import build_task
 
 from cotrain.client import CoordinatorClient
+from cotrain.evaluation import evaluate_state
 from tiny_swarm import RunningCoordinator, tiny_config
 
 pytestmark = pytest.mark.swarm
@@ -20,13 +18,8 @@ ROUNDS = 4
 
 
 def val_loss(cfg, state=None):
-    task = build_task(cfg)
-    corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction) if task.needs_corpus else None
-    torch.manual_seed(cfg.run.seed)
-    model = build_model(cfg, corpus.byte_counts() if corpus is not None else None)  # the nodes' initial weights
-    if state is not None:
-        model.load_state_dict(state)
-    metrics = task.evaluate(model, corpus)
+    """The run's evaluation of ``state`` (None: the weights every node starts from)."""
+    metrics = evaluate_state(cfg, state)
     # world models on a few rollouts overfit their likelihood quickly; their prediction error is the steadier signal
     return metrics["mse"] if cfg.model.is_world_model else metrics["val_loss"]
 

@@ -63,10 +63,11 @@ def test_third_node_holds_the_donors_state_before_its_first_step(coordinator, tm
         for p in donors + ([joiner] if joiner else []):
             p.stop(30)
         client.close()
-    # it left with the shared state of a round the swarm had reached (3 local steps finish no round of 10), which
-    # it downloaded from a donor, not from the coordinator's checkpoint
+    # it left with the shared state of a round the swarm had reached, which it downloaded from a donor, not from the
+    # coordinator's checkpoint; a round it averaged in (its 3 steps may join the donors' round as it closes) came
+    # after that state, never from round 0
     took = load_checkpoint(tmp_path / "j" / "last.safetensors")
-    assert took.round >= 3 and not took.metadata["rounds"], took.metadata
+    assert took.round >= 3 and all(r >= 3 for r, _ in took.metadata["rounds"]), took.metadata
     assert left.state == "left" and left.metrics.step == 3, left
     assert left.metrics.state_bytes_received > 0, left.metrics
     # the donors kept their own last state: the joiner's is a state of the same run that moved on from initial
@@ -105,7 +106,7 @@ def test_checkpoint_fallback_and_resume_with_the_same_identity(tmp_path, corpus_
         wait_for(lambda: not stranger.alive(), 120, what="the stranger to start")
         assert stranger.stop(10) == 0
         took = load_checkpoint(tmp_path / "stranger" / "last.safetensors")
-        assert 2 <= took.round <= stopped.round and took.round == newest[0], (took.round, newest[0], stopped.round)
+        assert 2 <= took.round <= stopped.round and took.round == newest.round, (took.round, newest.round, stopped.round)
     finally:
         client.close()
         running.stop()

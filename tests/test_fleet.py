@@ -34,7 +34,7 @@ def test_managed_node_joins_trains_is_restarted_and_evaluations_run_on_ray(tmp_p
         wait_for(lambda: client.health().totals.val_round >= 1, 120, what="an evaluation by a Ray task",
                  procs=[running.proc])
         # (that the evaluation ran as a Ray task is only in the coordinator's log: no status says where it ran)
-        rounds = [r for _, r, *_ in Store(running.state_dir).evals()]
+        rounds = [e.round for e in Store(running.state_dir).evals()]
         assert all(b - a >= 2 for a, b in zip(rounds, rounds[1:])), rounds  # every K = 2 rounds
 
         os.kill(running.info["managed_pids"][0], signal.SIGKILL)  # the node dies; Ray restarts its actor

@@ -56,5 +56,5 @@ class RunningCoordinator:
         return self.proc.stop(30)
 
     def checkpoints(self):
-        """(round, path, sha256, created, samples), newest first, as the coordinator recorded them."""
+        """The coordinator's CheckpointRows, newest first."""
         return Store(self.state_dir).checkpoints()

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from typing import Optional, Sequence
 
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
 from cotrain.protocol import DIAL_OUT_ONLY, PUBLIC
@@ -93,7 +93,7 @@ class Prober:
             return False, f"{str(e)[:200] or type(e).__name__} at {', '.join(map(str, maddrs))}"
         try:
             await p2p._client.disconnect(peer)
-        except Exception as e:  # noqa: BLE001 - an idle connection is closed by the daemon anyway
+        except (P2PDaemonError, OSError, asyncio.TimeoutError) as e:  # an idle connection is closed by the daemon anyway
             logger.debug("could not close the probe connection to %s: %r", peer, e)
         return True, f"connected at {', '.join(map(str, maddrs))}"
 

@@ -2,8 +2,9 @@
 issuer and key, reachability decisions. The swarm-level checks (rogue peers against real nodes) are in
 tests/test_rogue_peers.py."""
 
-
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cotrain.averaging.admission import (Admission, AdmissionError, MembershipValidator, credential_decision,
                                          issue_credential, new_private_key, parse_credential, public_key_bytes,
@@ -142,6 +143,20 @@ def test_membership_validator_takes_the_newer_revocations(key):
     assert old.merge_with(MembershipValidator(RUN, f"{RUN}_progress", public_key_bytes(key), [], version=0))
     assert old.revoked == {"x", "y"}
     assert not old.merge_with(MembershipValidator(RUN, "other_progress", public_key_bytes(key)))
+
+
+
+@settings(max_examples=300, deadline=None)
+@given(subkey=st.binary(max_size=64), value=st.binary(max_size=256))
+def test_membership_validator_rejects_any_malformed_record_without_raising(subkey, value):
+    """It runs on what strangers store in the DHT: bytes that are not a record are invalid, never an exception."""
+    from hivemind.dht.routing import DHTID
+    from hivemind.dht.validation import DHTRecord
+
+    validator = MembershipValidator(RUN, f"{RUN}_progress", public_key_bytes(new_private_key()))
+    record = DHTRecord(key=DHTID.generate(source=f"{RUN}_progress").to_bytes(), subkey=subkey, value=value,
+                       expiration_time=0.0)
+    assert validator.validate(record) in (True, False)
 
 
 # ---- the coordinator's side -------------------------------------------------------------------------------------

@@ -301,7 +301,7 @@ class MembershipValidator(RecordValidatorBase):
         try:
             subkey = DHTProtocol.serializer.loads(record.subkey)
             value = DHTProtocol.serializer.loads(record.value)
-        except Exception:  # noqa: BLE001 - a malformed record is simply invalid
+        except (ValueError, TypeError):  # msgpack's errors of malformed bytes: the record is simply invalid
             return False
         if value is None:
             return True

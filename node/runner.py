@@ -398,7 +398,9 @@ class Node:
         Written atomically at every new round and every ``log_every_s``."""
         if not self.options.state_dir:
             return
-        status = dict(message_to_dict(self.node_metrics()), time=time.time(), pid=os.getpid())
+        a = self.averaging
+        status = dict(message_to_dict(self.node_metrics()), time=time.time(), pid=os.getpid(),
+                      groups_from_board=a.stats.groups_from_board, groups_matchmade=a.stats.groups_matchmade)
         try:
             atomic_write_bytes(self.options.state_dir / "status.json", json.dumps(status).encode())
         except OSError as e:

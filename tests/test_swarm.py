@@ -1,5 +1,6 @@
 """A real coordinator and real nodes on 127.0.0.1, speaking gRPC and hivemind, training one model together."""
 
+import json
 import signal
 
 import pytest
@@ -96,8 +97,13 @@ def test_two_nodes_train_and_average_into_one_model(model_coordinator, tmp_path)
     assert_learned(coordinator.cfg, finals[0].model_state())
 
 
-def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(coordinator, tmp_path):
-    health, finals = train_together(coordinator, tmp_path, 3, rounds=3)
+@pytest.mark.parametrize("formation", ["board", "matchmaking"])
+def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, corpus_file, formation):
+    coordinator = RunningCoordinator(tmp_path, tiny_config(corpus_file, averaging={"group_formation": formation}))
+    try:
+        health, finals = train_together(coordinator, tmp_path, 3, rounds=3)
+    finally:
+        coordinator.stop()
     histories = [dict(map(tuple, f.metadata["rounds"])) for f in finals]
     assert all(h.get(2) == 3 for h in histories), histories  # the last round was averaged by all three
     for other in finals[1:]:
@@ -105,6 +111,11 @@ def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(coordinator, 
         for name, tensor in finals[0].tensors.items():
             assert torch.equal(tensor, other.tensors[name]), f"{name} differs between the nodes"
     assert all(n.metrics.bytes_sent > 0 and n.metrics.partial_rounds == 0 for n in health.nodes)
+    statuses = [json.loads((tmp_path / f"node-{i}" / "status.json").read_text()) for i in range(3)]
+    if formation == "board":  # the peers agree on their group from the board: no matchmaking in a calm swarm
+        assert all(s["groups_from_board"] >= 2 for s in statuses), statuses
+    else:
+        assert all(s["groups_from_board"] == 0 and s["groups_matchmade"] >= 1 for s in statuses), statuses
 
 
 def test_centered_clip_keeps_a_byzantine_node_from_wrecking_the_model(tmp_path, corpus_file):

@@ -30,11 +30,13 @@ from typing import Optional, Sequence
 import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.dht import DHT
+from hivemind.p2p import PeerID
 
 from cotrain.averaging.admission import Admission
 from cotrain.averaging.attacks import make_attack
 from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag
 from cotrain.averaging.exchange import Exchange, UploadLimiter
+from cotrain.averaging.groups import Meeting, group_key, group_of, meeting_outcome, plan_groups
 from cotrain.averaging.robust import build_aggregator
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, live_peers,
                                         round_decision)
@@ -91,6 +93,9 @@ class RoundStats:
     rounds_completed: int = 0  # averaged with at least one peer
     partial_rounds: int = 0  # some groupmate's contribution was left out
     last_group_size: int = 0
+    #: how the groups of the averaged rounds formed: from the progress board, or by hivemind's matchmaking
+    groups_from_board: int = 0
+    groups_matchmade: int = 0
     last_reason: str = ""  # what the last round decision was, or why the last round failed (in the node's log line)
     history: list = field(default_factory=list)  # (round, group size): kept in the node's last checkpoint
     #: peers whose contributions this peer dropped as reducer (non-finite values, malformed), with the reason
@@ -143,7 +148,8 @@ class RoundAverager(abc.ABC):
         self._board_read = threading.Event()
         self._publisher = threading.Thread(target=self._publish_loop, name="progress", daemon=True)
         self.averager = make_averager(dht, f"{run_id}_avg", cfg, client_mode=client_mode)
-        self.exchange = Exchange(dht, f"{run_id}_exchange", admission,
+        # a round publishes under up to three tags (its meeting, PowerSGD's two phases): keep two rounds' worth
+        self.exchange = Exchange(dht, f"{run_id}_exchange", admission, keep_tags=6,
                                  limiter=UploadLimiter(upload_bps) if upload_bps else None)
         self.exchange.provide(STATE_KEY, self.state_bytes)
         self._hash = self._shared_hash()
@@ -344,8 +350,44 @@ class RoundAverager(abc.ABC):
         logger.warning("%s", self.stats.last_reason)
         return False
 
-    def _average_with_group(self, contribution: list[torch.Tensor], seen: int) -> bool:
-        weight = float(max(1, self.samples_in_round))
+    def _meet(self) -> Optional[tuple[list, dict]]:
+        """Form this round's group from the progress board (cotrain.averaging.groups): plan the groups of the peers
+        at this round, publish our meeting, fetch our planned groupmates'. -> (group, info by peer id) when they all
+        agree; None when they do not (the caller falls back to hivemind's matchmaking)."""
+        here = [p.peer_id for p in live_peers(time.time(), self.progress(), self._peers, self.rules)
+                if p.round == self.round and p.phase != "paused"]
+        members = group_of(self.peer_id, plan_groups(self.round, [self.peer_id, *here], self.cfg.target_group_size,
+                                                      self.run_id))
+        if len(members) < 2:
+            return None
+        mine = Meeting(self.round, group_key(self.round, members), self.samples_in_round, self._hash,
+                       not self.client_mode, self.admission.credential())
+        tag = f"meet-r{self.round}"
+        self.exchange.publish(tag, f"{tag}/meeting", mine.encode())
+        others = [m for m in members if m != self.peer_id]
+        try:
+            peers = [PeerID.from_base58(m) for m in others]
+        except ValueError:  # the board's records were checked when read: a bug worth seeing
+            logger.warning("round %d: a planned groupmate has no valid peer id; matchmaking instead", self.round)
+            return None
+        received = dict(zip(others, self.exchange.fetch_many([(p, f"{tag}/meeting") for p in peers],
+                                                             wait_s=self.cfg.matchmaking_time)))
+
+        def admitted(peer: str, cred: bytes) -> bool:
+            return self.admission.check(cred, peer, "a place in an averaging group").ok
+
+        outcome = meeting_outcome(self.peer_id, mine, members, received, admitted)
+        if not outcome.ok:
+            logger.info("round %d: %s; forming the group by matchmaking instead", self.round, outcome.reason)
+            return None
+        info = {peer: dict(round=m.round, samples=m.samples, hash=m.hash, reducer=m.reducer)
+                for peer, m in outcome.meetings.items()}
+        group = sorted([PeerID.from_base58(self.peer_id), *peers], key=str)
+        return group, info
+
+    def _matchmake(self, weight: float) -> Optional[tuple[list, dict]]:
+        """hivemind's matchmaking (it waits matchmaking_time for followers). -> (admitted group, info by peer id),
+        or None after saying why the round failed."""
         # hivemind reshuffles the group key after every group it assembles; ours must be this round's, every time
         self.averager.set_group_bits(round_group_bits(self.round), wait=True)
         try:
@@ -354,12 +396,23 @@ class RoundAverager(abc.ABC):
                                            cred=self.admission.credential(), reducer=not self.client_mode),
                 timeout=self.cfg.matchmaking_time * 2 + self.cfg.request_timeout, allow_retries=False)
         except Exception as e:  # noqa: BLE001 - hivemind raises many kinds here; each costs only this round
-            return self._round_failed(f"matchmaking failed ({e!r})")
+            return self._round_failed(f"matchmaking failed ({e!r})") or None
         if not gathered:
-            return self._round_failed("no group formed")
+            return self._round_failed("no group formed") or None
         info = {str(k): v for k, v in gathered.items() if isinstance(v, dict)}
         group = sorted(admitted_group(gathered, info, self.peer_id, self.admission), key=str)
         info = {k: v for k, v in info.items() if k in {str(p) for p in group}}
+        return group, info
+
+    def _average_with_group(self, contribution: list[torch.Tensor], seen: int) -> bool:
+        weight = float(max(1, self.samples_in_round))
+        formed = self._meet() if self.cfg.group_formation == "board" else None
+        from_board = formed is not None
+        if formed is None:
+            formed = self._matchmake(weight)
+            if formed is None:
+                return False
+        group, info = formed
         if len(group) < 2:
             return self._round_failed("no admitted groupmate")
         hashes = collections.Counter(v.get("hash") for v in info.values())
@@ -382,6 +435,10 @@ class RoundAverager(abc.ABC):
             return True
         self._apply_and_advance(average, len(group))
         self.stats.rounds_completed += 1
+        if from_board:
+            self.stats.groups_from_board += 1
+        else:
+            self.stats.groups_matchmade += 1
         return True
 
     def _allreduce(self, contribution: list[torch.Tensor], tag: str, group, me, weight: float,

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import socket
 import tomllib
 from pathlib import Path
 
+from cotrain.node.limits import choose_cpus
 from cotrain.node.options import FLAGS, OPTIONS, Flag, NodeOptions
 
 __all__ = ["OPTIONS", "add_parser", "add_tls_flags", "resolve_options"]
@@ -117,5 +119,11 @@ def resolve_options(args: argparse.Namespace) -> dict:
 def cmd_join(args) -> int:
     from cotrain.node.runner import Node  # torch and hivemind: only when a node really starts
 
-    Node(NodeOptions(**resolve_options(args))).run()
+    options = NodeOptions(**resolve_options(args))
+    if options.cpus:  # CPUs this process may not use: say so before joining, not after
+        try:
+            choose_cpus(os.sched_getaffinity(0), options.cpus)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+    Node(options).run()
     return 0

@@ -1,6 +1,8 @@
 """A volunteer's own limits: CPUs, memory, upload bandwidth, and training only while the machine is idle.
 
-Each limit is enforced, not advisory: ``--max-cpus`` pins the process and its threads to that many CPUs,
+Each limit is enforced, not advisory: ``--max-cpus`` pins the process and its threads to that many CPUs (``--cpus``
+to the CPUs named), and the node runs as many torch threads as the CPUs it may use (:func:`torch_threads`), never
+the machine's core count that torch assumes,
 ``--max-upload-mbps`` throttles every byte the node serves to its peers (:class:`cotrain.averaging.UploadLimiter`,
 a token bucket in the exchange),
 ``--max-memory`` makes the node leave cleanly when its resident memory passes the limit, and ``--only-when-idle``
@@ -9,11 +11,13 @@ pauses training while other programs keep the machine busy.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
@@ -27,14 +31,122 @@ def parse_size(text: str, flag: str = "--max-memory") -> int:
     return int(number * 1024 ** " kmgt".index(unit or " "))
 
 
-def pin_cpus(count: int) -> list[int]:
-    """Restrict this process (and the threads and children it starts) to ``count`` of the CPUs it may use."""
-    allowed = sorted(os.sched_getaffinity(0))
-    if count < 1:
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """'0,1', '0-3', '0-3,8' (as taskset -c and /sys/.../cpulist write them) -> the CPU numbers, sorted."""
+    cpus: set[int] = set()
+    for part in str(text).replace(" ", "").split(","):
+        low, dash, high = part.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()) or (dash and int(high) < int(low)):
+            raise ValueError(f"--cpus: expected CPU numbers like 0,1 or 0-3, got {text!r}")
+        cpus.update(range(int(low), int(high if dash else low) + 1))
+    return tuple(sorted(cpus))
+
+
+def format_cpu_list(cpus: Iterable[int]) -> str:
+    """The inverse of :func:`parse_cpu_list`: [0, 1, 2, 5] -> '0-2,5'."""
+    runs: list[list[int]] = []
+    for cpu in sorted(set(cpus)):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def choose_cpus(allowed: Iterable[int], cpus: Sequence[int] = (), max_cpus: int = 0) -> list[int]:
+    """The CPUs a node runs on, of those its process may use (``allowed``, its affinity): the ones named by ``--cpus``
+    (each must be allowed), then the first ``max_cpus`` of them (``--max-cpus``); neither: all allowed."""
+    chosen = sorted(set(allowed))
+    if cpus:
+        outside = sorted(set(cpus) - set(chosen))
+        if outside:
+            raise ValueError(f"--cpus: CPU {format_cpu_list(outside)} is not among the CPUs this process may use "
+                             f"({format_cpu_list(chosen)})")
+        chosen = sorted(set(cpus))
+    if max_cpus < 0:
+        raise ValueError(f"--max-cpus: must be >= 1, got {max_cpus}")
+    return chosen[:max_cpus] if max_cpus else chosen
+
+
+def pin_cpus(count: int = 0, cpus: Sequence[int] = ()) -> list[int]:
+    """Restrict this process (and the threads and children it starts) to the CPUs named in ``cpus`` (all it may use
+    when empty), then to the first ``count`` of those (0: all of them); -> the CPUs it runs on now."""
+    if count < 0 or (count == 0 and not cpus):
         raise ValueError(f"--max-cpus: must be >= 1, got {count}")
-    chosen = allowed[:count]
-    os.sched_setaffinity(0, chosen)
+    allowed = sorted(os.sched_getaffinity(0))
+    chosen = choose_cpus(allowed, cpus, count)
+    if chosen != allowed:
+        os.sched_setaffinity(0, chosen)
     return chosen
+
+
+def cpu_quota(cpu_max: Optional[str]) -> Optional[float]:
+    """The CPUs a cgroup quota allows, from the text of a cgroup v2 ``cpu.max`` ("200000 100000": 2.0; "max 100000"
+    or None: no quota). A text that is neither is no quota either: a limit read wrong must not starve a node."""
+    fields = (cpu_max or "").split()
+    if len(fields) < 1 or fields[0] == "max":
+        return None
+    try:
+        quota, period = int(fields[0]), int(fields[1]) if len(fields) > 1 else 100_000
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def read_cpu_max(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")) -> Optional[str]:
+    """This process's cgroup CPU quota as cgroup v2's ``cpu.max`` writes it ("QUOTA PERIOD" or "max PERIOD"), the
+    tightest of its own cgroup and the root one seen from here (a container's), or None when there is none. Read
+    from cgroup v1's ``cpu.cfs_quota_us`` and ``cpu.cfs_period_us`` where there is no v2 ``cpu.max``."""
+    own_v2, own_v1 = "", ""
+    try:
+        for line in proc_cgroup.read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers == "":
+                own_v2 = path.lstrip("/")
+            elif "cpu" in controllers.split(","):
+                own_v1 = path.lstrip("/")
+    except (OSError, ValueError):
+        pass
+    texts = []
+    for folder in {root, root / own_v2}:
+        try:
+            texts.append((folder / "cpu.max").read_text())
+        except OSError:
+            pass
+    if not texts:
+        for folder in {root / "cpu", root / "cpu" / own_v1}:
+            try:
+                quota = (folder / "cpu.cfs_quota_us").read_text().strip()
+                period = (folder / "cpu.cfs_period_us").read_text().strip()
+            except OSError:
+                continue
+            texts.append(f"{'max' if quota.startswith('-') else quota} {period}")
+    limits = [(cpu_quota(t), t.strip()) for t in texts]
+    limits = [(q, t) for q, t in limits if q is not None]
+    return min(limits)[1] if limits else None
+
+
+def torch_threads(allowed: Iterable[int], cpu_max: Optional[str] = None, threads: int = 0,
+                  pinned: bool = False) -> tuple[int, str]:
+    """How many torch threads a node runs, and why. ``allowed``: the CPUs it may use (its affinity, after ``--cpus``
+    and ``--max-cpus``); ``cpu_max``: its cgroup's quota (:func:`read_cpu_max`); ``threads``: ``--threads`` (0:
+    choose); ``pinned``: whether ``--cpus`` or ``--max-cpus`` chose the CPUs.
+
+    An explicit ``--threads`` wins, but never more than the CPUs it was pinned to. Otherwise one thread per CPU it
+    may use, and no more than a cgroup quota allows (rounded up): torch's own default counts the machine's cores, so
+    a node pinned to 2 of 64 cores, or in a container limited to 2 CPUs, would run 64 threads on 2 CPUs."""
+    count = len(set(allowed))
+    if count < 1:
+        raise ValueError("no CPU to run on")
+    if threads:
+        if pinned and threads > count:
+            return count, f"--threads {threads}, at most one per CPU it is pinned to ({count})"
+        return threads, f"--threads {threads}"
+    quota = cpu_quota(cpu_max)
+    cpus = f"{count} CPU{'s' if count > 1 else ''} {'it is pinned to' if pinned else 'it may use'}"
+    if quota is not None and math.ceil(quota) < count:
+        return max(1, math.ceil(quota)), f"its cgroup's CPU quota: {quota:g} CPUs (of {cpus})"
+    return count, f"one per CPU: {cpus}"
 
 
 def resident_bytes() -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from cotrain.config import ATTACKS
-from cotrain.node.limits import parse_size
+from cotrain.node.limits import parse_cpu_list, parse_size
 
 
 @dataclass
@@ -29,7 +29,7 @@ class NodeOptions:
     max_steps: int = 0
     max_rounds: int = 0
     duration: float = 0.0
-    #: torch threads for training (0: torch's default)
+    #: torch threads for training (0: one per CPU this node may use, see cotrain.node.limits.torch_threads)
     threads: int = 0
     #: address the node's DHT peer listens on; client mode makes only outgoing connections (behind NAT)
     dht_host: str = "127.0.0.1"
@@ -41,6 +41,8 @@ class NodeOptions:
     log_every_s: float = 10.0
     #: a volunteer's limits (0 / False: none); see cotrain.node.limits
     max_cpus: int = 0
+    #: run on these CPUs only (of those the process may use; empty: all of them), as ``taskset -c`` would
+    cpus: tuple = ()
     max_memory: int = 0
     max_upload_mbps: float = 0.0
     only_when_idle: bool = False
@@ -89,7 +91,8 @@ FLAGS = (
     Flag("max_steps", int, f"leave after this many local steps ({NEVER})", limits=(0, float("inf"))),
     Flag("max_rounds", int, f"leave after this many averaging rounds ({NEVER})", limits=(0, float("inf"))),
     Flag("duration", float, f"leave after this many seconds ({NEVER})", limits=(0, float("inf"))),
-    Flag("threads", int, "torch threads for training (0: torch's default)", limits=(0, float("inf"))),
+    Flag("threads", int, "torch threads for training (default 0: one per CPU this node may use)",
+         limits=(0, float("inf"))),
     Flag("wait_peers", int, "before training, wait (up to 5 minutes) until this many peers are in the swarm",
          limits=(0, float("inf"))),
     Flag("dht_host", str, "address the DHT peer listens on (default 127.0.0.1: this machine only; 0.0.0.0 lets "
@@ -103,6 +106,8 @@ FLAGS = (
     Flag("attack", str, "for benches and tests of robust aggregation only: this node sends corrupted updates",
          choices=tuple(ATTACKS)),
     Flag("max_cpus", int, "use at most this many CPUs", group="limits", limits=(0, float("inf"))),
+    Flag("cpus", str, "run on these CPUs only (e.g. 0,1 or 0-3, as taskset -c); with --max-cpus, the first of them",
+         group="limits", metavar="LIST", convert=parse_cpu_list),
     Flag("max_memory", str, "leave cleanly when using more memory than this (e.g. 4G)", group="limits",
          convert=_size),
     Flag("max_upload_mbps", float, "cap what this node sends, in Mbit/s", group="limits", limits=(0, float("inf"))),

@@ -37,7 +37,8 @@ from cotrain.v1 import coordinator_pb2 as pb
 
 from cotrain.node.options import NodeOptions
 from cotrain.node.work import WorkQueue
-from cotrain.node.limits import IdleMonitor, OtherProcessesLoad, pin_cpus, resident_bytes
+from cotrain.node.limits import (IdleMonitor, OtherProcessesLoad, format_cpu_list, pin_cpus, read_cpu_max,
+                                 resident_bytes, torch_threads)
 
 logger = logging.getLogger(__name__)
 
@@ -149,12 +150,17 @@ class Node:
         cfg = RunConfig.from_toml(response.run.config_toml, origin="run config from the coordinator")
         logger.info("joined run %s as %s (node %s); %d initial peers", response.run.run_id, opts.name,
                     response.node_id[:8], len(response.initial_peers))
-        if opts.max_cpus:
-            cpus = pin_cpus(opts.max_cpus)
-            torch.set_num_threads(min(opts.threads or len(cpus), len(cpus)))
-            logger.info("limited to CPUs %s", cpus)
-        elif opts.threads:
-            torch.set_num_threads(opts.threads)
+        pinned = bool(opts.max_cpus or opts.cpus)
+        cpus = pin_cpus(opts.max_cpus, opts.cpus) if pinned else sorted(os.sched_getaffinity(0))
+        if pinned:
+            logger.info("limited to CPUs %s", format_cpu_list(cpus))
+        # torch's default counts the machine's cores, not the CPUs this node may use (several nodes on one machine,
+        # a container's quota): threads beyond those only take turns
+        threads, why = torch_threads(cpus, read_cpu_max(), opts.threads, pinned)
+        torch.set_num_threads(threads)
+        with contextlib.suppress(RuntimeError):  # only before any inter-op work ran in this process
+            torch.set_num_interop_threads(threads)
+        logger.info("%d torch thread(s): %s", threads, why)
         # saturated recurrent gates produce denormal floats, which x86 CPUs process many times slower
         torch.set_flush_denormal(True)
         device = pick_device(cfg.device)

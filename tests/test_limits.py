@@ -7,7 +7,8 @@ import pytest
 
 from cotrain.averaging import Admission, Exchange, UploadLimiter, start_dht
 from cotrain.node.cli import resolve_options
-from cotrain.node.limits import IdleMonitor, parse_size
+from cotrain.node.limits import (IdleMonitor, choose_cpus, cpu_quota, format_cpu_list, parse_cpu_list, parse_size,
+                                 read_cpu_max, torch_threads)
 
 
 @pytest.mark.parametrize("text, expected", [("4G", 4 * 2**30), ("512M", 512 * 2**20), ("1.5GiB", int(1.5 * 2**30)),
@@ -19,6 +20,74 @@ def test_parse_size(text, expected):
 def test_parse_size_names_the_flag():
     with pytest.raises(ValueError, match="--max-memory"):
         parse_size("lots")
+
+
+@pytest.mark.parametrize("text, cpus", [("0,1", (0, 1)), ("0-3", (0, 1, 2, 3)), ("4, 0-1,1", (0, 1, 4)),
+                                        ("7", (7,))])
+def test_cpu_lists_read_as_taskset_writes_them(text, cpus):
+    assert parse_cpu_list(text) == cpus
+    assert parse_cpu_list(format_cpu_list(cpus)) == cpus
+
+
+@pytest.mark.parametrize("text", ["", "a", "3-1", "0,,1", "-1", "1-"])
+def test_a_bad_cpu_list_names_the_flag(text):
+    with pytest.raises(ValueError, match="--cpus"):
+        parse_cpu_list(text)
+
+
+def test_chosen_cpus_are_the_named_ones_then_the_first_max_cpus_of_them():
+    allowed = {0, 1, 2, 3, 4, 5}
+    assert choose_cpus(allowed) == [0, 1, 2, 3, 4, 5]
+    assert choose_cpus(allowed, max_cpus=2) == [0, 1]
+    assert choose_cpus(allowed, cpus=(4, 2, 5)) == [2, 4, 5]
+    assert choose_cpus(allowed, cpus=(4, 2, 5), max_cpus=2) == [2, 4]
+    with pytest.raises(ValueError, match="--cpus: CPU 6-7 "):
+        choose_cpus(allowed, cpus=(1, 6, 7))
+
+
+@pytest.mark.parametrize("text, cpus", [("max 100000", None), ("200000 100000", 2.0), ("150000 100000\n", 1.5),
+                                        ("50000", 0.5), (None, None), ("", None), ("garbage here", None)])
+def test_cgroup_quota(text, cpus):
+    assert cpu_quota(text) == cpus
+
+
+def test_threads_follow_the_cpus_a_node_may_use_not_the_machines_cores():
+    # torch's default would be the machine's core count whatever the affinity: 64 here
+    assert torch_threads({0, 1}, None)[0] == 2
+    assert torch_threads(range(64), "max 100000")[0] == 64
+    threads, why = torch_threads(range(64), "200000 100000")  # a container limited to 2 CPUs on a 64-core host
+    assert threads == 2 and "quota" in why
+    assert torch_threads(range(64), "150000 100000")[0] == 2  # 1.5 CPUs: rounded up
+    assert torch_threads(range(64), "10000 100000")[0] == 1
+    assert torch_threads({3}, "400000 100000")[0] == 1  # a quota above the affinity changes nothing
+
+
+def test_explicit_threads_win_but_not_beyond_the_cpus_pinned_to():
+    assert torch_threads(range(8), None, threads=3) == (3, "--threads 3")
+    assert torch_threads(range(2), None, threads=4)[0] == 4  # not pinned: as asked
+    assert torch_threads(range(2), None, threads=4, pinned=True)[0] == 2
+    assert torch_threads(range(8), "100000 100000", threads=3)[0] == 3
+
+
+def test_cgroup_quota_is_read_from_v2_or_v1_files(tmp_path):
+    proc = tmp_path / "cgroup"
+    v2 = tmp_path / "v2"
+    (v2 / "job").mkdir(parents=True)
+    (v2 / "cpu.max").write_text("max 100000\n")
+    (v2 / "job" / "cpu.max").write_text("300000 100000\n")
+    proc.write_text("0::/job\n")
+    assert cpu_quota(read_cpu_max(v2, proc)) == 3.0
+    (v2 / "cpu.max").write_text("100000 100000\n")  # the container's own limit is tighter
+    assert cpu_quota(read_cpu_max(v2, proc)) == 1.0
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    proc.write_text("2:cpu,cpuacct:/\n0::/\n")
+    assert read_cpu_max(v1, proc) is None
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("250000\n")
+    assert cpu_quota(read_cpu_max(v1, proc)) == 2.5
+    assert read_cpu_max(tmp_path / "none", tmp_path / "missing") is None
 
 
 def test_token_bucket_delays():

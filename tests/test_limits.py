@@ -7,6 +7,7 @@ import pytest
 
 from cotrain.averaging import Admission, Exchange, UploadLimiter, start_dht
 from cotrain.node.cli import resolve_options
+from cotrain.cli.launch import cpu_shares
 from cotrain.node.limits import (IdleMonitor, choose_cpus, cpu_quota, format_cpu_list, parse_cpu_list, parse_size,
                                  read_cpu_max, torch_threads)
 
@@ -88,6 +89,51 @@ def test_cgroup_quota_is_read_from_v2_or_v1_files(tmp_path):
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("250000\n")
     assert cpu_quota(read_cpu_max(v1, proc)) == 2.5
     assert read_cpu_max(tmp_path / "none", tmp_path / "missing") is None
+
+
+def _cpus_of(share):
+    return set(parse_cpu_list(share[share.index("--cpus") + 1])) if "--cpus" in share else None
+
+
+def _threads_of(share):
+    return int(share[share.index("--threads") + 1])
+
+
+@pytest.mark.parametrize("nodes, cpus", [(2, 2), (3, 4), (4, 4), (3, 8), (2, 7)])
+def test_nodes_on_one_machine_get_disjoint_cpus_covering_it(nodes, cpus):
+    allowed = list(range(10, 10 + cpus))  # not starting at 0: a process already pinned
+    shares = cpu_shares(nodes, allowed, "max 100000")
+    assert len(shares) == nodes
+    pinned = [_cpus_of(s) for s in shares]
+    assert all(p for p in pinned)
+    assert set().union(*pinned) == set(allowed) and sum(len(p) for p in pinned) == cpus  # disjoint, all used
+    assert [_threads_of(s) for s in shares] == [len(p) for p in pinned]
+    assert max(map(len, pinned)) - min(map(len, pinned)) <= 1
+
+
+def test_more_nodes_than_cpus_take_one_thread_each_unpinned():
+    shares = cpu_shares(3, [0, 1], None)
+    assert all(_cpus_of(s) is None and _threads_of(s) == 1 for s in shares)
+
+
+def test_nodes_under_a_quota_divide_the_quota():
+    shares = cpu_shares(2, list(range(64)), "400000 100000")
+    assert [_threads_of(s) for s in shares] == [2, 2]
+    assert _cpus_of(shares[0]).isdisjoint(_cpus_of(shares[1]))
+    assert all(_threads_of(s) == 1 for s in cpu_shares(5, list(range(64)), "400000 100000"))
+
+
+def test_a_node_alone_keeps_its_own_default():
+    assert cpu_shares(1, [0, 1, 2, 3], None) == [[]]
+    assert cpu_shares(0, [0, 1], None) == []
+
+
+def test_shares_are_flags_node_join_accepts():
+    share = cpu_shares(2, [0, 1, 2, 3], None)[1]
+    args = _args(coordinator="c:1", token="t", cpus=share[share.index("--cpus") + 1],
+                 threads=_threads_of(share))
+    o = resolve_options(args)
+    assert o["cpus"] == (2, 3) and o["threads"] == 2
 
 
 def test_token_bucket_delays():

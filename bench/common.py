@@ -2,8 +2,8 @@
 made, printing a table, writing ``--json``.
 
     cfg = lstm_config("mybench", data, hidden=128, averaging={"inner_steps": 20})
-    with work_folder("cotrain-mybench-", keep=args.keep) as work, Swarm(cfg, work) as swarm:
-        nodes = [swarm.start_node(f"node-{i}", ["--threads", "1"]) for i in range(3)]
+    with work_folder("cotrain-mybench-", keep=args.keep) as work, Swarm(cfg, work, nodes=3) as swarm:
+        nodes = [swarm.start_node(f"node-{i}") for i in range(3)]  # each its share of this machine's CPUs
         ...                                  # swarm.health(), swarm.node_rows(), swarm.stop_nodes()
     # here every process the swarm started has been stopped, however the block ended (Ctrl-C and SIGTERM too)
 
@@ -33,7 +33,7 @@ from cotrain.checkpoint import load_checkpoint
 from cotrain.config import RunConfig
 from cotrain.evaluation import evaluate_state  # noqa: F401 - the benches' evaluation, re-exported
 from cotrain.coordinator.store import Store
-from cotrain.cli.launch import Proc, start_coordinator, start_node, wait_for
+from cotrain.cli.launch import Proc, cpu_shares, start_coordinator, start_node, wait_for
 from cotrain.client import CoordinatorClient
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,11 +162,16 @@ class Swarm:
     the end of the block stops every process it started (nodes and :meth:`add`-ed ones first, then the coordinator),
     however the block ends; a second Ctrl-C cannot cut that short.
 
-    ``listen`` is the coordinator's address, ``prefix`` a command its process runs under (``ip netns exec NAME``)."""
+    ``listen`` is the coordinator's address, ``prefix`` a command its process runs under (``ip netns exec NAME``).
+    ``nodes``: how many nodes run at once; each node name started gets its share of this machine's CPUs
+    (:func:`cotrain.cli.launch.cpu_shares`; a restarted node its own again, names beyond ``nodes`` those of the first
+    ones), before its own flags, which win. 0: no share, every node takes the CPUs its flags say (default: all)."""
 
     def __init__(self, config: Union[RunConfig, Path], workdir: Path, listen: str = "127.0.0.1:0",
-                 prefix: Sequence[str] = (), token_name: str = "bench"):
+                 prefix: Sequence[str] = (), token_name: str = "bench", nodes: int = 0):
         self.config, self.workdir, self.listen, self.prefix = config, Path(workdir), listen, list(prefix)
+        self._shares = cpu_shares(nodes)
+        self._share_of: dict[str, list[str]] = {}
         self.token_name = token_name
         self.state_dir = self.workdir / "coordinator"
         self.coordinator: Optional[Proc] = None
@@ -191,9 +196,12 @@ class Swarm:
         self.close()
 
     def start_node(self, name: str, extra: Sequence[str] = (), prefix: Sequence[str] = ()) -> Proc:
-        """``cotrain node join`` with ``extra`` flags, state dir ``workdir/NAME`` (the same name again is the same
-        node restarting), under the command ``prefix``."""
-        proc = start_node(self.address, self.token, name, self.workdir / name, extra=extra, prefix=prefix)
+        """``cotrain node join`` with its CPU share (see ``nodes``) and ``extra`` flags, state dir ``workdir/NAME``
+        (the same name again is the same node restarting), under the command ``prefix``."""
+        if name not in self._share_of:
+            self._share_of[name] = self._shares[len(self._share_of) % len(self._shares)] if self._shares else []
+        proc = start_node(self.address, self.token, name, self.workdir / name, extra=[*self._share_of[name], *extra],
+                          prefix=prefix)
         self.nodes.append(proc)
         return proc
 
@@ -282,14 +290,14 @@ def final_checkpoint(workdir: Path, names: Sequence[str]):
 def run_swarm(cfg: RunConfig, nodes: int, node_args: Sequence[str], workdir: Optional[Path] = None,
               timeout: float = 3600.0, keep: bool = False, evaluate: bool = True,
               per_node_args: Optional[dict[int, Sequence[str]]] = None) -> SwarmRun:
-    """Start a coordinator and ``nodes`` nodes with ``node_args`` (e.g. --max-rounds) and ``per_node_args[i]`` for
-    node i, wait until all have left, and evaluate the shared model the nodes ended with on the whole validation
-    split."""
+    """Start a coordinator and ``nodes`` nodes, dividing this machine's CPUs between them (:class:`Swarm`'s
+    ``nodes``), with ``node_args`` (e.g. --max-rounds) and ``per_node_args[i]`` for node i, wait until all have left,
+    and evaluate the shared model the nodes ended with on the whole validation split."""
     names = [f"node-{i}" for i in range(nodes)]
     with work_folder("cotrain-bench-", keep=keep, path=workdir) as tmp:
-        with Swarm(cfg, tmp) as swarm:
+        with Swarm(cfg, tmp, nodes=nodes) as swarm:
             started = time.monotonic()
-            procs = [swarm.start_node(name, ["--threads", "1", "--wait-peers", str(nodes), *node_args,
+            procs = [swarm.start_node(name, ["--wait-peers", str(nodes), *node_args,
                                              *(per_node_args or {}).get(i, ())]) for i, name in enumerate(names)]
             for proc in procs:
                 wait_for(lambda: not proc.alive(), timeout, interval=1.0, what=f"{proc.name} to finish")

@@ -18,12 +18,11 @@ from cotrain.checkpoint import load_checkpoint
 from cotrain.config import RunConfig
 from cotrain.data import Corpus
 from cotrain.evaluation import evaluate_model, evaluate_state, model_from_state
-from cotrain.cli.launch import LaunchError, start_coordinator, start_node, wait_for
+from cotrain.cli.launch import LaunchError, cpu_shares, start_coordinator, start_node, wait_for
 from cotrain.models import generate
 
 DEMO_CONFIG = dict(
     run={"name": "demo"},
-    # one torch thread per node: three nodes share two cores
     averaging={"inner_steps": 40, "matchmaking_time": 3.0, "request_timeout": 2.0},
     coordinator={"checkpoint_interval_s": 10.0, "heartbeat_interval_s": 1.0},
 )
@@ -64,9 +63,11 @@ def run_demo(args) -> int:
     nodes = []
     client = CoordinatorClient(address, insecure=True, rpc_timeout=5.0)
     try:
-        for i in range(args.nodes):
+        # the nodes divide this machine's CPUs (each its own, or one thread each when they outnumber them): with
+        # torch's default threads every node would take every core, and they would take turns on them
+        for i, share in enumerate(cpu_shares(args.nodes)):
             name = f"node-{i + 1}"
-            nodes.append(start_node(address, token, name, workdir / name, extra=["--threads", "1"]))
+            nodes.append(start_node(address, token, name, workdir / name, extra=share))
         console.print(f"coordinator at {address}; logs in {workdir}")
         train_started = time.monotonic()
         with Live(health_table(client.health()), console=console, refresh_per_second=2) as live:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import tempfile
 import time
@@ -27,7 +26,8 @@ def add_parser(subparsers) -> None:
     sim.add_argument("--config", type=Path, default=None, help="run config (TOML); default: built-in defaults")
     sim.add_argument("--duration", type=float, default=120.0, help="seconds of training once the nodes run")
     sim.add_argument("--cpus-per-node", type=float, default=0.0,
-                     help="CPUs reserved per node (default: this machine's CPUs / --nodes)")
+                     help="CPUs reserved per node, and its torch threads (default: the CPUs this process may "
+                          "use / --nodes)")
     sim.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: a local instance)")
     sim.add_argument("--workdir", type=Path, default=None, help="keep state, checkpoints and logs here "
                                                                 "(default: a temporary folder, removed after)")
@@ -43,11 +43,14 @@ def cmd_simulate(args) -> int:
     if args.cpus_per_node < 0:
         raise SystemExit(f"--cpus-per-node: must be > 0, got {args.cpus_per_node}")
     cfg = RunConfig.load(args.config) if args.config else RunConfig()
-    cpus = args.cpus_per_node or max(0.01, (os.cpu_count() or 1) / args.nodes)
 
     from rich.console import Console
 
-    from cotrain.cli.launch import LaunchError, start_coordinator, wait_for
+    from cotrain.cli.launch import LaunchError, machine_cpus, start_coordinator, wait_for
+
+    # the nodes divide the CPUs (its affinity, its cgroup's quota) rather than the machine's cores: each takes
+    # floor(cpus) torch threads, at least one (the fleet's --threads)
+    cpus = args.cpus_per_node or max(0.01, machine_cpus() / args.nodes)
     from cotrain.client import CoordinatorClient
     from cotrain.status import health_table, message_to_dict
 

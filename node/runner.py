@@ -26,7 +26,7 @@ from cotrain.averaging import Admission, RoundAverager, build_strategy, load_rec
 from cotrain.averaging.admission import AdmissionError, public_key_from_bytes
 from cotrain.checkpoint import (CheckpointError, atomic_write_bytes, decode_checkpoint, load_checkpoint, named_state,
                                 save_checkpoint)
-from cotrain.client import CoordinatorClient
+from cotrain.client import CoordinatorClient, CoordinatorUnavailable
 from cotrain.config import RunConfig
 from cotrain.models import count_parameters
 from cotrain.outage import Outage
@@ -281,13 +281,15 @@ class Node:
 
         cache: dict = {}
 
-        def unit_data(unit: pb.WorkUnit):
+        def unit_data(unit: pb.WorkUnit, patience: float = 600.0):
             """The unit's training data: its bytes, fetched once and kept while it is the node's unit (a unit is
             small: coordinator.unit_bytes), so that training it again while the coordinator is away needs nothing
-            from the coordinator. World models collect their own data: no read."""
+            from the coordinator. World models collect their own data: no read. Raises CoordinatorUnavailable when
+            the coordinator does not answer within ``patience`` seconds (the unit kept before stays)."""
             if task.needs_corpus and cache.get("key") != (unit.start, unit.end):
-                cache.update(key=(unit.start, unit.end),
-                             data=self.client.read("train", unit.start, unit.end - unit.start, stop=self.stop))
+                data = self.client.read("train", unit.start, unit.end - unit.start, stop=self.stop,
+                                        give_up_after=patience)
+                cache.update(key=(unit.start, unit.end), data=data)
 
             def read(offset: int, length: int) -> bytes:
                 return cache["data"][offset - unit.start: offset - unit.start + length]
@@ -298,6 +300,7 @@ class Node:
         if unit is None:
             return  # stopped while waiting, or the coordinator went away before handing out any unit
         batches, unit_samples = unit_data(unit), 0
+        waiting: Optional[pb.WorkUnit] = None  # a unit granted whose bytes did not come yet: tried again next
         self.metrics.epoch = unit.epoch
         state = None
         started, last_log, last_status = time.monotonic(), time.monotonic(), 0.0
@@ -309,14 +312,19 @@ class Node:
         while not self.stop.is_set():
             if batches.done:  # the unit is trained once: report it, take the next
                 self.work.report(unit, unit_samples)
-                following = self.work.next_unit()
+                following, waiting = waiting or self.work.next_unit(), None
                 if following is None and self.stop.is_set():
                     break
+                if following is not None:
+                    try:  # granted just before the coordinator went away, its bytes may not come yet
+                        batches = unit_data(following, 1.0 if self.work.away_since else self.work.ask_timeout)
+                    except CoordinatorUnavailable:
+                        waiting, following = following, None
                 if following is None:
                     logger.warning("no new work unit from the coordinator; training unit %d/%d again meanwhile",
                                    unit.epoch, unit.index)
-                unit = following or unit
-                batches, unit_samples, state = unit_data(unit), 0, None
+                    batches = unit_data(unit)  # kept: nothing to read
+                unit, unit_samples, state = following or unit, 0, None
                 self.metrics.epoch = unit.epoch
             if idle is not None and time.monotonic() - last_idle_check >= 5.0:
                 last_idle_check = time.monotonic()

@@ -170,15 +170,17 @@ class CoordinatorClient:
         return self._retry(lambda: self.stub.ReportWork(request, timeout=self.rpc_timeout), "report work",
                            give_up_after, stop)
 
-    def read(self, split: str, offset: int, length: int, stop: Optional[threading.Event] = None) -> bytes:
-        """Bytes of the corpus; waits (with backoff, up to 10 minutes) while the coordinator is away."""
+    def read(self, split: str, offset: int, length: int, stop: Optional[threading.Event] = None,
+             give_up_after: float = 600.0) -> bytes:
+        """Bytes of the corpus; waits (with backoff, up to ``give_up_after`` seconds) while the coordinator is away,
+        then raises CoordinatorUnavailable."""
         out = bytearray()
         while len(out) < length:
             want = min(length - len(out), MAX_READ_BYTES)
             request = pb.ReadDataRequest(node_id=self.node_id, session=self.session, split=split,
                                          offset=offset + len(out), length=want)
-            chunk = self._retry(lambda: self.stub.ReadData(request, timeout=self.rpc_timeout), "read data", 600.0,
-                                stop)
+            chunk = self._retry(lambda: self.stub.ReadData(request, timeout=self.rpc_timeout), "read data",
+                                give_up_after, stop)
             if not chunk.data:
                 break
             out += chunk.data

@@ -36,7 +36,7 @@ from cotrain.averaging.admission import Admission
 from cotrain.averaging.attacks import make_attack
 from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag
 from cotrain.averaging.exchange import Exchange, UploadLimiter
-from cotrain.averaging.groups import Meeting, group_key, group_of, meeting_outcome, plan_groups
+from cotrain.averaging.groups import Meeting, Outcome, group_key, group_of, meeting_outcome, plan_groups
 from cotrain.averaging.robust import build_aggregator
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, live_peers,
                                         round_decision)
@@ -370,13 +370,19 @@ class RoundAverager(abc.ABC):
         except ValueError:  # the board's records were checked when read: a bug worth seeing
             logger.warning("round %d: a planned groupmate has no valid peer id; matchmaking instead", self.round)
             return None
-        received = dict(zip(others, self.exchange.fetch_many([(p, f"{tag}/meeting") for p in peers],
-                                                             wait_s=self.cfg.matchmaking_time)))
+        received = self._fetch_until(dict(zip(others, peers)), f"{tag}/meeting", self.cfg.matchmaking_time)
 
         def admitted(peer: str, cred: bytes) -> bool:
             return self.admission.check(cred, peer, "a place in an averaging group").ok
 
         outcome = meeting_outcome(self.peer_id, mine, members, received, admitted)
+        # then everyone says whether it met: the group goes only when all did, so that a peer whose fetch failed
+        # (a groupmate it could not reach yet) does not fall back to matchmaking while the others start without it
+        self.exchange.publish(tag, f"{tag}/go", b"1" if outcome.ok else b"0")
+        if outcome.ok:
+            answers = self.exchange.fetch_many([(p, f"{tag}/go") for p in peers], wait_s=self.cfg.request_timeout)
+            if any(answer != b"1" for answer in answers):
+                outcome = Outcome(False, "a planned groupmate did not meet the others", {})
         if not outcome.ok:
             logger.info("round %d: %s; forming the group by matchmaking instead", self.round, outcome.reason)
             return None
@@ -384,6 +390,21 @@ class RoundAverager(abc.ABC):
                 for peer, m in outcome.meetings.items()}
         group = sorted([PeerID.from_base58(self.peer_id), *peers], key=str)
         return group, info
+
+    def _fetch_until(self, peers: dict, key: str, wait_s: float) -> dict[str, Optional[bytes]]:
+        """``key`` from every peer (id -> PeerID), trying again whoever did not answer until ``wait_s`` has passed:
+        a peer reachable only over a connection it opens (behind NAT) answers once it has come to the round."""
+        deadline = time.monotonic() + wait_s
+        received: dict[str, Optional[bytes]] = {}
+        while True:
+            missing = [name for name in peers if received.get(name) is None]
+            left = deadline - time.monotonic()
+            if not missing or left <= 0:
+                return received
+            got = self.exchange.fetch_many([(peers[name], key) for name in missing], wait_s=left)
+            received.update(zip(missing, got))
+            if any(g is None for g in got):
+                self._stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
 
     def _matchmake(self, weight: float) -> Optional[tuple[list, dict]]:
         """hivemind's matchmaking (it waits matchmaking_time for followers). -> (admitted group, info by peer id),

@@ -156,7 +156,8 @@ def machine_cpus(allowed: Optional[Sequence[int]] = None, cpu_max: Optional[str]
     return torch_threads(allowed, read_cpu_max() if cpu_max is None else cpu_max)[0]
 
 
-def cpu_shares(count: int, allowed: Optional[Sequence[int]] = None, cpu_max: Optional[str] = None) -> list[list[str]]:
+def cpu_shares(count: int, allowed: Optional[Sequence[int]] = None, cpu_max: Optional[str] = None,
+               pin: bool = True) -> list[list[str]]:
     """``node join`` flags that divide this machine's CPUs among ``count`` nodes started on it, one list per node
     (put them before a node's own flags, which win). Nodes that each take every core (torch's default) take turns
     on them instead: three nodes on two cores ran 7x slower each than one node alone.
@@ -165,7 +166,7 @@ def cpu_shares(count: int, allowed: Optional[Sequence[int]] = None, cpu_max: Opt
     thread per CPU (fewer under a cgroup quota: the quota's CPUs divided). More nodes than CPUs: one thread each,
     unpinned, so that the kernel balances them (pinned round-robin, two of three nodes would share a core while
     the third had one to itself). One node: no flags, its own default takes every CPU it may use.
-    ``allowed`` and ``cpu_max``: as :func:`machine_cpus`."""
+    ``pin=False``: the same threads without ``--cpus``. ``allowed`` and ``cpu_max``: as :func:`machine_cpus`."""
     from cotrain.node.limits import format_cpu_list
 
     if count < 1:
@@ -180,7 +181,7 @@ def cpu_shares(count: int, allowed: Optional[Sequence[int]] = None, cpu_max: Opt
     for i in range(count):
         cpus = allowed[i * len(allowed) // count:(i + 1) * len(allowed) // count]
         threads = (i + 1) * budget // count - i * budget // count
-        shares.append(["--cpus", format_cpu_list(cpus), "--threads", str(threads)])
+        shares.append([*(["--cpus", format_cpu_list(cpus)] if pin else []), "--threads", str(threads)])
     return shares
 
 

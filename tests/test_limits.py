@@ -111,6 +111,12 @@ def test_nodes_on_one_machine_get_disjoint_cpus_covering_it(nodes, cpus):
     assert max(map(len, pinned)) - min(map(len, pinned)) <= 1
 
 
+def test_unpinned_shares_have_the_same_threads_without_cpus():
+    pinned, unpinned = cpu_shares(2, [0, 1, 2, 3], None), cpu_shares(2, [0, 1, 2, 3], None, pin=False)
+    assert [_cpus_of(s) for s in unpinned] == [None, None]
+    assert [_threads_of(s) for s in unpinned] == [_threads_of(s) for s in pinned] == [2, 2]
+
+
 def test_more_nodes_than_cpus_take_one_thread_each_unpinned():
     shares = cpu_shares(3, [0, 1], None)
     assert all(_cpus_of(s) is None and _threads_of(s) == 1 for s in shares)

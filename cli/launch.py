@@ -159,8 +159,8 @@ def machine_cpus(allowed: Optional[Sequence[int]] = None, cpu_max: Optional[str]
 def cpu_shares(count: int, allowed: Optional[Sequence[int]] = None, cpu_max: Optional[str] = None,
                pin: bool = True) -> list[list[str]]:
     """``node join`` flags that divide this machine's CPUs among ``count`` nodes started on it, one list per node
-    (put them before a node's own flags, which win). Nodes that each take every core (torch's default) take turns
-    on them instead: three nodes on two cores ran 7x slower each than one node alone.
+    (put them before a node's own flags, which win). Nodes that each take every core (torch's default) fight over
+    them instead: of two such nodes on two cores one took 0.2-0.45 steps/s, the other 9.5-12 (bench/cores.py).
 
     Up to one node per CPU: node i is pinned (``--cpus``) to its own CPUs, a disjoint slice of those allowed, with a
     thread per CPU (fewer under a cgroup quota: the quota's CPUs divided). More nodes than CPUs: one thread each,

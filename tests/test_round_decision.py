@@ -2,7 +2,7 @@
 
 import pytest
 
-from cotrain.averaging.progress import Action, PeerProgress, RoundRules, round_decision
+from cotrain.averaging.progress import Action, PeerProgress, RoundRules, round_decision, round_peers
 
 RULES = RoundRules(inner_steps=10, round_wait=30.0, stale_after=4.0)
 NOW = 1000.0
@@ -44,3 +44,11 @@ def test_malformed_records_are_ignored():
     assert PeerProgress.from_record("x", {"steps": 1}) is None
     ok = PeerProgress.from_record("x", {"round": 2, "steps": 3, "samples": 24, "time": 5.0})
     assert ok is not None and ok.round == 2
+
+
+def test_round_peers_are_those_of_this_round_and_last_rounds_groupmates_still_shown_behind():
+    me = peer("me", 5, 10)
+    board = [peer("here", 5, 3), peer("groupmate", 4, 10), peer("behind", 4, 10), peer("paused", 5, 2, "paused"),
+             peer("gone", 5, 10, age=60.0), peer("left", 5, 10, "left"), peer("ahead", 6, 1), peer("me", 5, 10)]
+    assert sorted(round_peers(NOW, me, board, RULES, last_group={"groupmate"})) == ["groupmate", "here"]
+    assert round_peers(NOW, me, board, RULES) == ["here"]  # without a last group, only the board's round

@@ -135,11 +135,14 @@ class AveragingConfig(_Section):
     #: nodes, 4 rounds of H=125, in-process: 0.7/0.9 ended 3.2% above data-parallel training, 1.0/0.5 0.3% below)
     outer_lr: float = Field(0.7, gt=0.0, le=10.0)
     outer_momentum: float = Field(0.9, ge=0.0, lt=1.0)
-    #: how a round's group forms. "board": every peer computes the same groups from the progress board
-    #: (cotrain.averaging.groups) and the all-reduce starts a round trip after the last groupmate got there; when
-    #: the peers' views disagree, hivemind's matchmaking forms the group instead. "matchmaking": always hivemind's,
-    #: which waits matchmaking_time every round.
-    group_formation: Literal["board", "matchmaking"] = "board"
+    #: how a round's group forms. "matchmaking": hivemind's, which waits up to matchmaking_time every round (and
+    #: less once target_group_size peers are there). "board" (experimental): every peer computes the same groups
+    #: from the progress board (cotrain.averaging.groups), goes to the round's meeting when it took its H steps, and
+    #: the all-reduce starts a round trip after the last groupmate got there (rounds 3x shorter on loopback,
+    #: bench/rounds.py); when views disagree it falls back to matchmaking. Not yet the default: two nodes behind NAT
+    #: cannot meet each other (every round then pays the meeting's wait and matchmaking), and rogue peers that only
+    #: try matchmaking are no longer seen refused by members that do not matchmake.
+    group_formation: Literal["board", "matchmaking"] = "matchmaking"
     #: seconds peers wait for each other when forming a group (the board's meeting, or hivemind's matchmaking,
     #: which always waits this long). Longer gathers more stragglers into a round but idles the fast ones; on a LAN
     #: 2-3 s is plenty, across the internet 5-10 s.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass
-from typing import Iterable, Optional
+from typing import Collection, Iterable, Optional
 
 import pydantic.v1 as pydantic
 from hivemind.dht import DHT
@@ -74,6 +74,15 @@ class Decision:
 
 def live_peers(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules) -> list[PeerProgress]:
     return [p for p in peers if p.peer_id != me.peer_id and now - p.time <= rules.stale_after and p.phase != "left"]
+
+
+def round_peers(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules,
+                last_group: Collection[str] = ()) -> list[str]:
+    """The other peers of ``me``'s round as the board shows them, and the groupmates of the round it just averaged
+    (``last_group``: the board shows them a round behind until their next record; they are here, or coming).
+    Paused peers are left out: they will not come to the round's meeting."""
+    return [p.peer_id for p in live_peers(now, me, peers, rules) if p.phase != "paused"
+            and (p.round == me.round or (p.round == me.round - 1 and p.peer_id in last_group))]
 
 
 def round_decision(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules,

@@ -39,7 +39,7 @@ from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.groups import Meeting, Outcome, group_key, group_of, meeting_outcome, plan_groups
 from cotrain.averaging.robust import build_aggregator
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, live_peers,
-                                        round_decision)
+                                        round_decision, round_peers)
 from cotrain.averaging.state import STATE_KEY, Progress, download_state, pick_donors
 from cotrain.checkpoint import Checkpoint, encode_checkpoint, named_state, shared_tensors_of
 from cotrain.compression import PowerSGD, make_codec
@@ -137,6 +137,10 @@ class RoundAverager(abc.ABC):
         self.mid_round = False
         self.reached_h_at: Optional[float] = None
         self.retry_at = 0.0
+        #: the last round whose meeting this peer went to. Once a round: its meeting and its "go" are published
+        #: once and never change, so a groupmate can never read a stale answer of an earlier try
+        self._met_round = -1
+        self._last_group: set[str] = set()  # who averaged the round before this one
         self.stats = RoundStats()
         self.rules = RoundRules(cfg.inner_steps, cfg.round_wait, stale_after=3 * cfg.progress_interval + 1.0)
         self.admission = admission
@@ -314,6 +318,9 @@ class RoundAverager(abc.ABC):
         if now < self.retry_at:
             return None
         decision = round_decision(now, self.progress(), self._peers, self.rules, self.reached_h_at)
+        early = decision.action is Action.TRAIN and self._meets_early(now)
+        if early:  # no need to wait until the board shows the others at H: the meeting waits for them
+            decision = Decision(Action.AVERAGE, f"reached {self.rules.inner_steps} steps: meeting this round's peers")
         if decision.action is Action.TRAIN:
             return None
         self.stats.last_reason = decision.reason
@@ -321,14 +328,27 @@ class RoundAverager(abc.ABC):
         if decision.action is Action.RESYNC:
             self._resync()
         else:
-            self._average()
+            self._average(early)
         return decision
+
+    def _meets_early(self, now: float) -> bool:
+        """With board groups, a peer that took its H steps goes to the round's meeting at once (once a round):
+        peers that get there together start the all-reduce a round trip after the last one, instead of a board
+        read or two later (rounds paced by progress_interval). A meeting that does not fill (a slower peer) sends
+        it back to training, and round_decision's waiting goes on as without it."""
+        return (self.cfg.group_formation == "board" and self.reached_h_at is not None
+                and self._met_round != self.round and bool(self._round_peers(now)))
+
+    def _round_peers(self, now: float) -> list[str]:
+        return round_peers(now, self.progress(), self._peers, self.rules, self._last_group)
 
     def _resync(self) -> None:
         if not self.load_state_from_peers():
             self.retry_at = time.time() + self.cfg.matchmaking_time
 
-    def _average(self) -> None:
+    def _average(self, early: bool = False) -> None:
+        """``early``: the meeting of a peer that just took its H steps; if the round's peers do not all come, train
+        on (no matchmaking, no retry delay)."""
         contribution = self.contribution()
         peers_here = [p for p in live_peers(time.time(), self.progress(), self._peers, self.rules)
                       if p.round == self.round]
@@ -338,9 +358,11 @@ class RoundAverager(abc.ABC):
         self.phase = "average"
         self.board.publish(self.progress(self.phase))
         try:
-            ok = self._average_with_group(contribution, len(peers_here) + 1)
+            ok = self._average_with_group(contribution, len(peers_here) + 1, early)
         finally:
             self.phase = "train"
+        if ok is None:  # an early meeting that did not fill: train on, round_decision decides when to try again
+            return
         if not ok:
             self.retry_at = time.time() + self.cfg.matchmaking_time
 
@@ -354,10 +376,9 @@ class RoundAverager(abc.ABC):
         """Form this round's group from the progress board (cotrain.averaging.groups): plan the groups of the peers
         at this round, publish our meeting, fetch our planned groupmates'. -> (group, info by peer id) when they all
         agree; None when they do not (the caller falls back to hivemind's matchmaking)."""
-        here = [p.peer_id for p in live_peers(time.time(), self.progress(), self._peers, self.rules)
-                if p.round == self.round and p.phase != "paused"]
-        members = group_of(self.peer_id, plan_groups(self.round, [self.peer_id, *here], self.cfg.target_group_size,
-                                                      self.run_id))
+        members = group_of(self.peer_id, plan_groups(self.round, [self.peer_id, *self._round_peers(time.time())],
+                                                      self.cfg.target_group_size, self.run_id))
+        self._met_round = self.round
         if len(members) < 2:
             return None
         mine = Meeting(self.round, group_key(self.round, members), self.samples_in_round, self._hash,
@@ -384,7 +405,7 @@ class RoundAverager(abc.ABC):
             if any(answer != b"1" for answer in answers):
                 outcome = Outcome(False, "a planned groupmate did not meet the others", {})
         if not outcome.ok:
-            logger.info("round %d: %s; forming the group by matchmaking instead", self.round, outcome.reason)
+            logger.info("round %d: the board's group did not meet (%s)", self.round, outcome.reason)
             return None
         info = {peer: dict(round=m.round, samples=m.samples, hash=m.hash, reducer=m.reducer)
                 for peer, m in outcome.meetings.items()}
@@ -425,10 +446,14 @@ class RoundAverager(abc.ABC):
         info = {k: v for k, v in info.items() if k in {str(p) for p in group}}
         return group, info
 
-    def _average_with_group(self, contribution: list[torch.Tensor], seen: int) -> bool:
+    def _average_with_group(self, contribution: list[torch.Tensor], seen: int, early: bool = False) -> Optional[bool]:
+        """-> True when the round averaged (or resynced), False when it failed, None for an early meeting that did
+        not fill."""
         weight = float(max(1, self.samples_in_round))
-        formed = self._meet() if self.cfg.group_formation == "board" else None
+        formed = self._meet() if self.cfg.group_formation == "board" and self._met_round != self.round else None
         from_board = formed is not None
+        if formed is None and early:
+            return None
         if formed is None:
             formed = self._matchmake(weight)
             if formed is None:
@@ -455,6 +480,7 @@ class RoundAverager(abc.ABC):
             self._resync()
             return True
         self._apply_and_advance(average, len(group))
+        self._last_group = {str(p) for p in group if str(p) != self.peer_id}
         self.stats.rounds_completed += 1
         if from_board:
             self.stats.groups_from_board += 1

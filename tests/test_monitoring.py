@@ -1,6 +1,7 @@
 """Watching a live swarm: status JSON, Prometheus /metrics, and the dashboard in a real headless browser."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -31,6 +32,9 @@ def live_swarm(tmp_path_factory, corpus_file):
         wait_for(lambda: client.health().totals.latest_checkpoint_round >= 1 and
                  all(n.metrics.rounds_completed >= 1 for n in client.health().nodes), 180,
                  what="two nodes to average and a checkpoint", procs=nodes + [running.proc])
+        # the checkpoint's evaluation comes after it (on the coordinator's own thread)
+        wait_for(lambda: math.isfinite(client.health().totals.val_loss), 180, what="an evaluation",
+                 procs=nodes + [running.proc])
         yield running, tmp
     finally:
         client.close()

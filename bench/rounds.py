@@ -1,0 +1,114 @@
+"""What a round costs beyond moving its bytes: round time against payload size and group size, on loopback, with
+the group formed from the progress board (``group_formation = "board"``) and by hivemind's matchmaking.
+
+    python bench/rounds.py [--nodes 2 4] [--hidden 32 256 1024] [--rounds 12] [--json FILE]
+
+Every run is a real swarm on this machine (coordinator and node processes) training a byte-level LSTM with one
+local step per round (DiLoCo, H=1, no compression), so that a round is almost all averaging. The model's hidden
+size sets the payload (the fp32 pseudo-gradient each node contributes). Each node writes its heartbeat figures to
+``STATE_DIR/status.json`` at every new round; the bench reads them as the rounds go and takes, between round
+``--warmup`` and the last, the wall time per round and the part of it that is not computing (``overhead``:
+matchmaking or the board's meeting, the all-reduce, the outer step). The fixed part of a round is the overhead at
+the smallest payload.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import Swarm, bench_parser, default_text, lstm_config, print_table, work_folder, write_json  # noqa: E402
+
+from cotrain.config import RunConfig  # noqa: E402
+from cotrain.models import build_model, count_parameters  # noqa: E402
+
+
+def make_config(args, nodes: int, hidden: int, formation: str) -> RunConfig:
+    return lstm_config(
+        "rounds", args.data, hidden, embed_dim=32, seq_len=16, batch_size=4,
+        optimizer={"lr": 1e-3, "grad_clip": 1.0},
+        averaging={"strategy": "diloco", "inner_steps": 1, "group_formation": formation,
+                   "matchmaking_time": args.matchmaking_time, "request_timeout": args.matchmaking_time * 0.75,
+                   "progress_interval": 0.5, "target_group_size": nodes, "round_wait": 30.0,
+                   "allreduce_timeout": 120.0},
+        compression={"kind": "none"})
+
+
+def read_status(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):  # not written yet
+        return {}
+
+
+def one_run(args, nodes: int, hidden: int, formation: str) -> dict:
+    cfg = make_config(args, nodes, hidden, formation)
+    payload = 4 * count_parameters(build_model(cfg))
+    names = [f"node-{i}" for i in range(nodes)]
+    seen: dict[str, dict[int, tuple[float, float]]] = {name: {} for name in names}  # round -> (wall_s, compute_s)
+    groups = {name: (0, 0) for name in names}  # (formed from the board, matchmade), as each node last reported
+    with work_folder("cotrain-rounds-", keep=args.keep) as tmp, Swarm(cfg, tmp) as swarm:
+        procs = [swarm.start_node(name, ["--threads", "1", "--wait-peers", str(nodes), "--max-rounds",
+                                         str(args.rounds)]) for name in names]
+        deadline = time.monotonic() + args.timeout
+        while any(p.alive() for p in procs) and time.monotonic() < deadline:
+            for name in names:
+                status = read_status(tmp / name / "status.json")
+                if status and status["round"] not in seen[name]:
+                    seen[name][status["round"]] = (status["wall_s"], status["compute_s"])
+                    groups[name] = (status["groups_from_board"], status["groups_matchmade"])
+            time.sleep(0.02)
+        codes = swarm.stop_nodes()
+    if any(codes):
+        raise RuntimeError(f"node exit codes {codes} (run again with --keep to read their logs)")
+    per_round, overhead = [], []
+    for name in names:
+        rounds = sorted(r for r in seen[name] if r >= args.warmup)
+        if len(rounds) < 2:
+            raise RuntimeError(f"{name}: saw rounds {sorted(seen[name])}; raise --rounds above --warmup + 1")
+        (w0, c0), (w1, c1) = seen[name][rounds[0]], seen[name][rounds[-1]]
+        count = rounds[-1] - rounds[0]
+        per_round.append((w1 - w0) / count)
+        overhead.append(((w1 - c1) - (w0 - c0)) / count)
+    board, matchmade = map(sum, zip(*groups.values()))
+    return dict(formation=formation, nodes=nodes, hidden=hidden, payload_bytes=payload,
+                round_s=sum(per_round) / nodes, overhead_s=sum(overhead) / nodes,
+                groups_from_board=board, groups_matchmade=matchmade)
+
+
+def main() -> None:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[2, 4], help="group sizes (one group per run)")
+    parser.add_argument("--hidden", type=int, nargs="+", default=[32, 256, 1024], help="LSTM sizes (payload)")
+    parser.add_argument("--formations", nargs="+", default=["board", "matchmaking"],
+                        choices=["board", "matchmaking"])
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=3, help="rounds left out of the figures (start-up)")
+    parser.add_argument("--matchmaking-time", type=float, default=2.0)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take")
+    parser.add_argument("--keep", action="store_true", help="keep the runs' folders (logs, state)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    args.data = args.data or default_text()
+    rows = []
+    for nodes in args.nodes:
+        for hidden in args.hidden:
+            for formation in args.formations:
+                row = one_run(args, nodes, hidden, formation)
+                rows.append(row)
+                print(f"  {formation:11s} {nodes} nodes, {row['payload_bytes'] / 1e6:6.2f} MB: round "
+                      f"{row['round_s'] * 1e3:7.1f} ms, of which not computing {row['overhead_s'] * 1e3:7.1f} ms",
+                      flush=True)
+    print_table(f"Round time on loopback, H=1, rounds {args.warmup}..{args.rounds} ({len(rows)} runs)",
+                ["formation", "nodes", "payload MB", "round ms", "overhead ms", "board groups", "matchmade"],
+                [[r["formation"], r["nodes"], r["payload_bytes"] / 1e6, r["round_s"] * 1e3, r["overhead_s"] * 1e3,
+                  r["groups_from_board"], r["groups_matchmade"]] for r in rows])
+    write_json(args.json, {"runs": rows, "rounds": args.rounds, "warmup": args.warmup})
+
+
+if __name__ == "__main__":
+    main()

@@ -190,14 +190,27 @@ class RoundAverager(abc.ABC):
     # ---- progress board ------------------------------------------------------------------------------------------
     def _publish_loop(self) -> None:
         revocations_read = 0.0
-        outage = Outage("progress board", logger)
+        reading = Outage("progress board", logger)
+        storing = Outage("publishing this peer's progress", logger)
         action = f"retrying every {self.cfg.progress_interval:g}s"
         published = None  # the last publication's future, checked one interval later (never waited on)
         while not self._stop.is_set():
+            # what we publish and what we read fail apart: a record no DHT node stored must not keep this peer from
+            # reading the others' (nor the revocation list)
             try:
-                if published is not None and published.done() and published.result() is not True:
-                    raise PublishRefused("no DHT node stored this peer's progress record")
+                if published is not None and published.done():
+                    if published.result() is True:
+                        storing.succeeded()
+                    else:
+                        storing.failed(PublishRefused("no DHT node stored this peer's progress record"), action=action)
                 published = self.board.publish(self.progress(self.phase))
+            except (OSError, EOFError) as e:
+                if not self._stop.is_set():  # shutting down, or the DHT briefly unreachable
+                    storing.failed(e, action=action)
+            except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, the board keeps going
+                if not self._stop.is_set():
+                    storing.failed(e, expected=False, action=action)
+            try:
                 peers = self.board.read()
                 if peers is None:  # a DHT that did not answer in time leaves what we knew (it goes stale)
                     raise TimeoutError("the DHT did not answer a read of the progress board in time")

@@ -219,13 +219,13 @@ class RoundAverager(abc.ABC):
                 if self.admission.enabled and time.monotonic() - revocations_read >= REVOCATIONS_READ_S:
                     revocations_read = time.monotonic()
                     self.board.read_revocations()
-                outage.succeeded()
-            except (TimeoutError, PublishRefused, OSError, EOFError) as e:
-                if not self._stop.is_set():  # shutting down, or the DHT briefly unreachable
-                    outage.failed(e, action=action)
+                reading.succeeded()
+            except (TimeoutError, OSError, EOFError) as e:
+                if not self._stop.is_set():
+                    reading.failed(e, action=action)
             except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, the board keeps going
                 if not self._stop.is_set():
-                    outage.failed(e, expected=False, action=action)
+                    reading.failed(e, expected=False, action=action)
             self._stop.wait(self.cfg.progress_interval)
 
     def progress(self, phase: str = "train") -> PeerProgress:

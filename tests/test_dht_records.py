@@ -54,7 +54,7 @@ def test_progress_records_are_signed_and_validated(tmp_path):
         assert {p.peer_id: p.round for p in peers} == {alice: 7, bob: 7}
 
         forged = dict(round=999, steps=0, samples=0, phase="train", mid_round=False, time=float(get_dht_time()),
-                      cred=board_b.admission.credential())
+                      reducer=True, cred=board_b.admission.credential())
         expires = get_dht_time() + 60
         # bob writes under alice's subkey, even with alice's own credential: unsigned by alice's key, refused
         assert not b.store(board_a.key, subkey=board_a.subkey(alice), value=dict(forged, cred=board_a.admission.credential()),

@@ -43,6 +43,8 @@ class PeerProgress:
     phase: str = "train"  # "train", "average", "paused" (its owner uses the machine), or "left" (gone)
     mid_round: bool = False  # joined (or resynchronised) after this round began: not waited for
     time: float = 0.0  # DHT time of the record
+    reducer: bool = True  # False: nobody can dial it (behind NAT); it reduces no part, and cannot be met by peers
+                          # that cannot be dialled either
 
     def to_record(self) -> dict:
         record = asdict(self)
@@ -54,7 +56,8 @@ class PeerProgress:
         try:
             return cls(peer_id=peer_id, round=int(record["round"]), steps=int(record["steps"]),
                        samples=int(record["samples"]), phase=str(record.get("phase", "train")),
-                       mid_round=bool(record.get("mid_round", False)), time=float(record["time"]))
+                       mid_round=bool(record.get("mid_round", False)), time=float(record["time"]),
+                       reducer=bool(record.get("reducer", True)))
         except (KeyError, TypeError, ValueError):
             return None  # a malformed record from a buggy or hostile peer is ignored
 
@@ -125,6 +128,7 @@ class ProgressRecord(pydantic.BaseModel):
     phase: pydantic.constr(strict=True, max_length=16)
     mid_round: pydantic.StrictBool
     time: pydantic.StrictFloat
+    reducer: pydantic.StrictBool
     #: the publisher's SignedCredential
     cred: pydantic.conbytes(strict=True, max_length=MAX_CREDENTIAL_BYTES)
 

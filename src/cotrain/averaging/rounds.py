@@ -230,7 +230,7 @@ class RoundAverager(abc.ABC):
 
     def progress(self, phase: str = "train") -> PeerProgress:
         return PeerProgress(self.peer_id, self.round, self.steps_in_round, self.samples_in_round, phase,
-                            self.mid_round, time.time())
+                            self.mid_round, time.time(), reducer=not self.client_mode)
 
     def wait_for_peers(self, count: int, timeout: float, stop: Optional[threading.Event] = None) -> int:
         """Wait until ``count`` peers (ourselves included) are on the board."""
@@ -350,10 +350,21 @@ class RoundAverager(abc.ABC):
         read or two later (rounds paced by progress_interval). A meeting that does not fill (a slower peer) sends
         it back to training, and round_decision's waiting goes on as without it."""
         return (self.cfg.group_formation == "board" and self.reached_h_at is not None
-                and self._met_round != self.round and bool(self._round_peers(now)))
+                and self._met_round != self.round and self._board_group(now) is not None)
 
-    def _round_peers(self, now: float) -> list[str]:
-        return round_peers(now, self.progress(), self._peers, self.rules, self._last_group)
+    def _board_group(self, now: float) -> Optional[list[str]]:
+        """This peer's planned group for the round, from the board; None when it cannot meet: nobody else is there,
+        or two of its members cannot be dialled (behind NAT, neither can fetch the other's meeting; every member
+        sees the same flags on the board, so they all go to matchmaking together)."""
+        here = round_peers(now, self.progress(), self._peers, self.rules, self._last_group)
+        members = group_of(self.peer_id, plan_groups(self.round, [self.peer_id, *here], self.cfg.target_group_size,
+                                                     self.run_id))
+        dial_out_only = {p.peer_id for p in self._peers if not p.reducer}
+        if self.client_mode:
+            dial_out_only.add(self.peer_id)
+        if len(members) < 2 or len(dial_out_only.intersection(members)) >= 2:
+            return None
+        return members
 
     def _resync(self) -> None:
         if not self.load_state_from_peers():
@@ -389,10 +400,9 @@ class RoundAverager(abc.ABC):
         """Form this round's group from the progress board (cotrain.averaging.groups): plan the groups of the peers
         at this round, publish our meeting, fetch our planned groupmates'. -> (group, info by peer id) when they all
         agree; None when they do not (the caller falls back to hivemind's matchmaking)."""
-        members = group_of(self.peer_id, plan_groups(self.round, [self.peer_id, *self._round_peers(time.time())],
-                                                      self.cfg.target_group_size, self.run_id))
+        members = self._board_group(time.time())
         self._met_round = self.round
-        if len(members) < 2:
+        if members is None:
             return None
         mine = Meeting(self.round, group_key(self.round, members), self.samples_in_round, self._hash,
                        not self.client_mode, self.admission.credential())

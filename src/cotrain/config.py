@@ -139,9 +139,9 @@ class AveragingConfig(_Section):
     #: less once target_group_size peers are there). "board" (experimental): every peer computes the same groups
     #: from the progress board (cotrain.averaging.groups), goes to the round's meeting when it took its H steps, and
     #: the all-reduce starts a round trip after the last groupmate got there (rounds 3x shorter on loopback,
-    #: bench/rounds.py); when views disagree it falls back to matchmaking. Not yet the default: two nodes behind NAT
-    #: cannot meet each other (every round then pays the meeting's wait and matchmaking), and rogue peers that only
-    #: try matchmaking are no longer seen refused by members that do not matchmake.
+    #: bench/rounds.py); when views disagree, or two planned members are behind NAT (they cannot fetch each
+    #: other's meeting), it falls back to matchmaking. Not yet the default: the rogue-peer test's members finish
+    #: their rounds before the rogues' late attempts with it, so that test has to change first.
     group_formation: Literal["board", "matchmaking"] = "matchmaking"
     #: seconds peers wait for each other when forming a group (the board's meeting, or hivemind's matchmaking,
     #: which always waits this long). Longer gathers more stragglers into a round but idles the fast ones; on a LAN

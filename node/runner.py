@@ -416,7 +416,7 @@ class Node:
         status = dict(message_to_dict(self.node_metrics()), time=time.time(), pid=os.getpid(),
                       groups_from_board=a.stats.groups_from_board, groups_matchmade=a.stats.groups_matchmade)
         try:
-            atomic_write_bytes(self.options.state_dir / "status.json", json.dumps(status).encode())
+            atomic_write_bytes(self.options.state_dir / "status.json", json.dumps(status).encode(), durable=False)
         except OSError as e:
             self._status_outage.failed(e, action="training on")
         else:

@@ -56,20 +56,26 @@ def shared_tensors_of(checkpoint: "Checkpoint", param_names: list[str]) -> list[
     return [checkpoint.tensors[f"model.{n}"] for n in param_names] + [checkpoint.tensors[k] for k in rest]
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` at once: a reader sees the old file or the new one, never a part.
+    ``durable``: also fsync the file and its folder, so the write survives a power cut (False for a status file
+    rewritten every round, where the next write replaces a lost one and the fsyncs would cost the training loop)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    if not durable:
+        return
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -461,9 +461,11 @@ class RoundAverager(abc.ABC):
                                            cred=self.admission.credential(), reducer=not self.client_mode),
                 timeout=self.cfg.matchmaking_time * 2 + self.cfg.request_timeout, allow_retries=False)
         except Exception as e:  # noqa: BLE001 - hivemind raises many kinds here; each costs only this round
-            return self._round_failed(f"matchmaking failed ({e!r})") or None
+            self._round_failed(f"matchmaking failed ({e!r})")
+            return None
         if not gathered:
-            return self._round_failed("no group formed") or None
+            self._round_failed("no group formed")
+            return None
         info = {str(k): v for k, v in gathered.items() if isinstance(v, dict)}
         group = sorted(admitted_group(gathered, info, self.peer_id, self.admission), key=str)
         info = {k: v for k, v in info.items() if k in {str(p) for p in group}}

@@ -32,7 +32,7 @@ class RunSection(_Section):
     seed: int = Field(0, ge=0, le=2**32 - 1)
 
 
-LANGUAGE_MODELS = ("lstm", "gru", "fast_slow")
+LANGUAGE_MODELS = ("lstm", "gru", "fast_slow", "lru", "hgrn2", "mingru")
 WORLD_MODELS = ("mdn_rnn", "actions_wm")
 
 
@@ -41,12 +41,15 @@ class ModelConfig(_Section):
 
     Language models read bytes (vocabulary: the 256 byte values): ``lstm`` and ``gru`` (embedding, stacked recurrent
     layers, linear output) and ``fast_slow`` (Fast-Slow RNN, Mujika et al. 2017: ``fast_cells`` layer-normalised
-    LSTM cells of ``fast_size`` around one slow cell of ``slow_size``, with zoneout). World models learn an
+    LSTM cells of ``fast_size`` around one slow cell of ``slow_size``, with zoneout), and the linear recurrences,
+    trained with a parallel scan over the sequence: ``lru`` (Linear Recurrent Unit, Orvieto et al. 2023),
+    ``hgrn2`` (gated linear recurrence with outer-product state expansion, Qin et al. 2024) and ``mingru`` (Feng et
+    al. 2024), each ``num_layers`` blocks of width ``hidden_size`` with a position-wise MLP. World models learn an
     environment from the rollouts each node collects (see ``[env]``): ``mdn_rnn`` (Ha and Schmidhuber 2018) and
     ``actions_wm`` (conditions only on the first observation and the actions, Ma et al. 2024).
     """
 
-    kind: Literal["lstm", "gru", "fast_slow", "mdn_rnn", "actions_wm"] = "lstm"
+    kind: Literal["lstm", "gru", "fast_slow", "lru", "hgrn2", "mingru", "mdn_rnn", "actions_wm"] = "lstm"
     embed_dim: int = Field(64, ge=1, le=8192)
     hidden_size: int = Field(256, ge=1, le=16384)
     num_layers: int = Field(2, ge=1, le=16)
@@ -57,6 +60,19 @@ class ModelConfig(_Section):
     zoneout_cell: float = Field(0.0, ge=0.0, le=1.0)
     zoneout_hidden: float = Field(0.0, ge=0.0, le=1.0)
     num_mixtures: int = Field(5, ge=1, le=64)
+    #: lru: the complex state of each layer (0: hidden_size)
+    state_size: int = Field(0, ge=0, le=16384)
+    #: hgrn2: the state expansion, each head's state is expand_ratio x expand_ratio (hidden_size must divide by it)
+    expand_ratio: int = Field(8, ge=1, le=1024)
+    #: linear recurrences: the position-wise MLP after each recurrent layer is mlp_ratio x hidden_size wide (0: none)
+    mlp_ratio: int = Field(2, ge=0, le=16)
+
+    @model_validator(mode="after")
+    def _expansion(self) -> "ModelConfig":
+        if self.kind == "hgrn2" and self.hidden_size % self.expand_ratio:
+            raise ValueError(f"expand_ratio ({self.expand_ratio}) must divide hidden_size ({self.hidden_size}) "
+                             "for hgrn2")
+        return self
 
     @property
     def is_world_model(self) -> bool:
@@ -89,8 +105,13 @@ class DataConfig(_Section):
 
 
 class OptimizerConfig(_Section):
-    """The inner optimizer every node runs locally (AdamW)."""
+    """The inner optimizer every node runs locally.
 
+    ``adamw``; ``muon`` and ``root`` (orthogonalized momentum for the 2-D weight matrices, AdamW for embeddings,
+    the output layer, biases and norms); ``lamb``, ``lars`` and ``tvlars`` (layer-wise adaptive rates, meant for
+    ``sync`` rounds whose collaborative batch grows with the swarm, applied to the averaged gradient)."""
+
+    kind: Literal["adamw", "muon", "root", "lamb", "lars", "tvlars"] = "adamw"
     lr: float = Field(3e-3, gt=0.0, le=10.0)
     min_lr: float = Field(3e-4, ge=0.0, le=10.0)
     #: cosine decay from lr to min_lr over this many local steps (0 = constant lr)

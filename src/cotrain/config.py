@@ -116,9 +116,48 @@ class OptimizerConfig(_Section):
     min_lr: float = Field(3e-4, ge=0.0, le=10.0)
     #: cosine decay from lr to min_lr over this many local steps (0 = constant lr)
     decay_steps: int = Field(0, ge=0)
+    #: decoupled weight decay (AdamW, Muon/ROOT, LAMB's matrices), or L2 added to the gradient (LARS/TVLARS matrices)
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
     grad_clip: float = Field(1.0, gt=0.0)
+    #: Adam's betas, for adamw, lamb and the AdamW part of muon/root (embeddings, output layer, biases); each in [0, 1)
     betas: tuple[float, float] = (0.9, 0.99)
+
+    # ---- muon, root ----
+    #: momentum of muon/root (an EMA coefficient, as torch.optim.Muon's): 0.9-0.98 all work, higher smooths more
+    momentum: float = Field(0.95, ge=0.0, lt=1.0)
+    #: Nesterov momentum for muon/root (recommended)
+    nesterov: bool = True
+    #: Newton-Schulz iterations per orthogonalization (muon/root); 5 is Muon's; fewer is cheaper and less orthogonal
+    ns_steps: int = Field(5, ge=1, le=20)
+    #: orthogonalize each gate block of LSTM (4) / GRU (3) weights on its own instead of the stacked matrix: every
+    #: gate then gets a full, equal-RMS step (see cotrain.optim.orthogonal); false treats the stack as one matrix
+    split_gates: bool = True
+    #: root: entries of the momentum above this quantile of its magnitudes are outliers, soft-thresholded away
+    #: before orthogonalization (0.9 as in the paper's code: the top 10% are clipped to the 90th percentile);
+    #: lower clips more (more robust to spikes, less signal); 1 disables (ROOT = Muon with shape-fitted coefficients)
+    outlier_quantile: float = Field(0.9, gt=0.0, le=1.0)
+
+    # ---- lars, tvlars ----
+    #: eta of LARS/TVLARS: a matrix's local lr is eta * ||w|| / ||g + wd w||, so each step changes it by about
+    #: lr * eta / (1 - momentum) of its norm. With the paper's 0.001 LARS needs lr of order 1 (not AdamW's 3e-3)
+    trust_coefficient: float = Field(0.001, gt=0.0, le=1.0)
+    #: heavy-ball momentum of lars/tvlars; the step is about lr/(1 - lars_momentum) times the scaled gradient
+    lars_momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    #: tvlars: phi(t) = 1 / (tvlars_alpha + exp(tvlars_decay * (t - tvlars_delay))) + tvlars_floor multiplies the
+    #: trust ratio at step t. It starts near 1/tvlars_alpha + floor (high, for exploration, instead of a warm-up)
+    tvlars_alpha: float = Field(1.0, gt=0.0, le=100.0)
+    #: tvlars: lambda, how fast phi falls around the delay (it falls over about 4/lambda steps)
+    tvlars_decay: float = Field(0.01, gt=0.0, le=10.0)
+    #: tvlars: the step around which phi falls (the paper delays by epochs; here local optimizer steps)
+    tvlars_delay: int = Field(200, ge=0)
+    #: tvlars: gamma_min, phi's floor: after the fall TVLARS runs as LARS at tvlars_floor * lr
+    tvlars_floor: float = Field(0.1, ge=0.0, le=10.0)
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "OptimizerConfig":
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas: each must be in [0, 1), got {list(self.betas)}")
+        return self
 
 
 class AveragingConfig(_Section):

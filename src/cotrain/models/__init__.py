@@ -8,11 +8,12 @@ import torch
 from torch import nn
 
 from cotrain.models.fast_slow import FastSlowLM
+from cotrain.models.linear_rnn import LinearRecurrentLM
 from cotrain.models.rnn_lm import VOCAB_SIZE, RNNLanguageModel
 from cotrain.models.sampling import generate
 
-__all__ = ["VOCAB_SIZE", "FastSlowLM", "RNNLanguageModel", "build_model", "count_parameters", "generate",
-           "initial_seed"]
+__all__ = ["VOCAB_SIZE", "FastSlowLM", "LinearRecurrentLM", "RNNLanguageModel", "build_model", "count_parameters",
+           "generate", "initial_seed"]
 
 _seed_override: ContextVar[Optional[int]] = ContextVar("initial_seed", default=None)
 
@@ -54,6 +55,9 @@ def _construct(cfg, byte_counts) -> nn.Module:
     if m.kind == "fast_slow":
         model = FastSlowLM(m.embed_dim, m.fast_size, m.slow_size, m.fast_cells, m.zoneout_cell, m.zoneout_hidden,
                            m.dropout)
+    elif m.kind in ("lru", "hgrn2", "mingru"):
+        model = LinearRecurrentLM(m.kind, m.embed_dim, m.hidden_size, m.num_layers, m.dropout, m.state_size,
+                                  m.expand_ratio, m.mlp_ratio)
     else:
         model = RNNLanguageModel(m.kind, m.embed_dim, m.hidden_size, m.num_layers, m.dropout)
     if byte_counts:

@@ -281,6 +281,11 @@ class SwarmRun:
     def samples(self) -> int:
         return sum(int(n.get("samples_local", 0)) for n in self.nodes)
 
+    @property
+    def bytes_sent_per_node(self) -> float:
+        """What the nodes sent averaging (all-reduce pieces), mean over the nodes."""
+        return sum(float(n.get("bytes_sent", 0)) for n in self.nodes) / max(1, len(self.nodes))
+
 
 def final_checkpoint(workdir: Path, names: Sequence[str]):
     """The last state the named nodes saved (``last.safetensors`` in their state dirs) with the most rounds."""

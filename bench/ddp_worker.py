@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from cotrain.config import RunConfig
 from cotrain.data import Corpus
+from cotrain.optim import build_optimizer
 from cotrain.evaluation import evaluate_model
 from cotrain.models import build_model
 from cotrain.node.runner import lr_at  # the node's schedule
@@ -56,8 +57,7 @@ def main() -> int:
     model = build_model(cfg, corpus.byte_counts())  # the initial weights a cotrain node starts from
     ddp = DistributedDataParallel(model)
     opt_cfg = cfg.optimizer
-    optimizer = torch.optim.AdamW(model.parameters(), lr=opt_cfg.lr, betas=opt_cfg.betas,
-                                  weight_decay=opt_cfg.weight_decay)
+    optimizer = build_optimizer(model, opt_cfg)  # the run's inner optimizer, as a node builds it
     share = corpus.train.size // args.world_size  # a contiguous shard per rank, as DistributedSampler would
     start = corpus.train.start + args.rank * share
     batches = task.train_data(corpus.read, start, start + share, cfg.run.seed)

@@ -55,7 +55,8 @@ def lm_config(data: str, batch_size: int, steps_per_node: int, inner_steps: int,
 
 
 def run_plain(data: str, total_sequences: int = 0, wall_s: float = 0.0, hidden_size: int = 256,
-              batch_size: int = 32, chars: bool = False) -> dict:
+              batch_size: int = 32, chars: bool = False, overrides: dict | None = None,
+              threads: int = 0) -> dict:
     """A plain PyTorch loop in this process over cotrain's model and stream batches (32 streams over the whole
     training split), no coordinator, no DHT, every core; the same optimizer and schedule as the nodes. The budget is
     ``total_sequences`` (cosine over the steps) or ``wall_s`` seconds of training (cosine over the time: the
@@ -63,18 +64,26 @@ def run_plain(data: str, total_sequences: int = 0, wall_s: float = 0.0, hidden_s
 
     ``chars``: the reference as the issue describes it, a plain character model: a vocabulary of the characters in
     the training text (65 on tinyshakespeare; unseen ones read as the first), PyTorch's default initialisation (no
-    output bias from the byte frequencies). Bits per character equal bits per byte on ASCII text."""
+    output bias from the byte frequencies). Bits per character equal bits per byte on ASCII text.
+
+    ``overrides``: config sections to replace (``{"model": {...}, "optimizer": {...}}``, bench/models.py);
+    ``threads``: torch threads (0: torch's default, every core)."""
     import torch
 
     from cotrain.data import Corpus, StreamBatches
     from cotrain.evaluation import evaluate_model
     from cotrain.node.runner import cosine_lr, lr_at
+    from cotrain.optim import build_optimizer
     from cotrain.tasks import build_task
 
     steps = total_sequences // batch_size if total_sequences else 1 << 62
     cfg = lm_config(data, batch_size, steps if total_sequences else 0, 1, 1.0, 0.0)
     cfg = cfg.with_overrides(model={"hidden_size": hidden_size})
+    if overrides:
+        cfg = cfg.with_overrides(**overrides)
     opt = cfg.optimizer
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(cfg.run.seed)  # dropout's draws, and the char model's initial weights
     torch.set_flush_denormal(True)
     corpus = Corpus.from_source(data, val_fraction=cfg.data.val_fraction)
@@ -88,7 +97,7 @@ def run_plain(data: str, total_sequences: int = 0, wall_s: float = 0.0, hidden_s
         model = RNNLanguageModel(m.kind, m.embed_dim, hidden_size, m.num_layers, m.dropout, vocab_size=len(text.used))
     else:
         model = task.build_model(corpus.byte_counts())  # as a node builds it from what the coordinator sends
-    optimizer = torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
+    optimizer = build_optimizer(model, opt)
     batches = StreamBatches(text.read, corpus.train.start, corpus.train.end, batch_size, cfg.data.seq_len)
     started, state, step = time.monotonic(), None, 0
     while step < steps:
@@ -109,7 +118,9 @@ def run_plain(data: str, total_sequences: int = 0, wall_s: float = 0.0, hidden_s
     wall = time.monotonic() - started
     result = evaluate_model(cfg, model, corpus=text)
     return dict(nodes=1, val_bpc=result["val_bpc"], val_loss=result["val_loss"], wall_s=wall,
-                samples=step * batch_size, batch_size=batch_size, hidden_size=hidden_size)
+                samples=step * batch_size, batch_size=batch_size, hidden_size=hidden_size, steps=step,
+                bytes_per_s=step * batch_size * cfg.data.seq_len / wall,
+                params=sum(p.numel() for p in model.parameters()))
 
 
 class CharText:
@@ -128,14 +139,22 @@ class CharText:
 
 
 def run_lm(data: str, nodes: int, total_sequences: int, inner_steps: int, outer_lr: float,
-           outer_momentum: float, batch_size: int = 32) -> dict:
+           outer_momentum: float, batch_size: int = 32, overrides: dict | None = None) -> dict:
     """A single node (``nodes`` = 1) with batches of ``batch_size``, or a swarm whose nodes split that batch (as
     data-parallel training keeps the global batch): each takes ``batch_size / nodes`` sequences a step, so the
-    swarm takes as many steps as the single node for the same samples."""
+    swarm takes as many steps as the single node for the same samples.
+
+    ``overrides``: config sections to replace (bench/models.py). With ``averaging.strategy = "sync"`` a round is
+    ``inner_steps`` micro-batches of every node (the collaborative batch: nodes x batch x inner_steps) and the
+    schedule runs over the rounds."""
     per_node = max(1, round(batch_size / nodes))
     steps_per_node = total_sequences // (per_node * nodes)
     rounds = max(1, steps_per_node // inner_steps)
     cfg = lm_config(data, per_node, rounds * inner_steps, inner_steps, outer_lr, outer_momentum)
+    if overrides:
+        cfg = cfg.with_overrides(**overrides)
+    if cfg.averaging.strategy == "sync":
+        cfg = cfg.with_overrides(optimizer={"decay_steps": rounds})  # sync's schedule follows the round
     if nodes == 1:
         # a lone node trains plainly: outer lr 1 without momentum makes its round a no-op (DiLoCo's 0.7/0.9
         # outer step on its own pseudo-gradient cost 0.22 BPC: 2.556 against 2.335)
@@ -146,7 +165,8 @@ def run_lm(data: str, nodes: int, total_sequences: int, inner_steps: int, outer_
     run = run_swarm(cfg, nodes, ["--max-rounds", str(rounds), "--max-steps", str(rounds * inner_steps),
                                  *(["--threads", "0"] if nodes == 1 else [])])
     return dict(nodes=nodes, val_bpc=run.metrics["val_bpc"], val_loss=run.metrics["val_loss"], wall_s=run.wall_s,
-                samples=run.samples, rounds=rounds, inner_steps=inner_steps, batch_size=per_node)
+                samples=run.samples, rounds=rounds, inner_steps=inner_steps, batch_size=per_node,
+                bytes_sent_per_node=run.bytes_sent_per_node)
 
 
 def run_world_model(nodes: int, rounds: int, env_id: str) -> dict:

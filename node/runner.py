@@ -29,6 +29,7 @@ from cotrain.checkpoint import (CheckpointError, atomic_write_bytes, decode_chec
 from cotrain.client import CoordinatorClient, CoordinatorUnavailable
 from cotrain.config import RunConfig
 from cotrain.models import count_parameters
+from cotrain.optim import build_optimizer
 from cotrain.outage import Outage
 from cotrain.protocol import DIAL_OUT_ONLY
 from cotrain.status import message_to_dict
@@ -181,8 +182,7 @@ class Node:
         heartbeat = threading.Thread(target=self._heartbeat_loop, args=(response.heartbeat_interval_s,),
                                      name="heartbeat", daemon=True)
         opt_cfg = cfg.optimizer
-        optimizer = torch.optim.AdamW(model.parameters(), lr=opt_cfg.lr, betas=opt_cfg.betas,
-                                      weight_decay=opt_cfg.weight_decay)
+        optimizer = build_optimizer(model, opt_cfg)
         try:
             self.averaging = build_strategy(model, optimizer, dht, response.run.run_id, cfg, peer_id=str(dht.peer_id),
                                             admission=self.admission, client_mode=client_mode,

@@ -39,7 +39,14 @@ MODELS = {
     "gru": {"model": {"kind": "gru"}},
     "fast_slow": {"model": {"kind": "fast_slow", "fast_size": 32, "slow_size": 32, "fast_cells": 2,
                             "zoneout_cell": 0.1, "zoneout_hidden": 0.05}},
-    "sync_int8": {"averaging": {"strategy": "sync", "inner_steps": 2}, "compression": {"kind": "int8"}},
+    "lru_root": {"model": {"kind": "lru", "hidden_size": 32, "state_size": 16, "mlp_ratio": 1},
+                 "optimizer": {"kind": "root"}},
+    "hgrn2": {"model": {"kind": "hgrn2", "hidden_size": 32, "expand_ratio": 8, "mlp_ratio": 1}},
+    "mingru_muon": {"model": {"kind": "mingru", "hidden_size": 32, "mlp_ratio": 1}, "optimizer": {"kind": "muon"}},
+    # sync shares the optimizer's state: LAMB's moments and step counts travel and stay identical. LAMB moves each
+    # weight by about lr of its norm a step, so the 4 steps of this test need more than AdamW's lr
+    "sync_int8_lamb": {"averaging": {"strategy": "sync", "inner_steps": 2}, "compression": {"kind": "int8"},
+                       "optimizer": {"kind": "lamb", "lr": 0.05}},
     "diloco_powersgd": {"compression": {"kind": "powersgd", "powersgd_rank": 8}},
     "mdn_rnn": {"model": {"kind": "mdn_rnn", "hidden_size": 32, "num_mixtures": 3},
                 "env": {"id": "Pendulum-v1", "episodes": 16, "horizon": 20, "eval_episodes": 16}},

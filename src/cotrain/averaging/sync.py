@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from cotrain.averaging.rounds import RoundAverager
+from cotrain.optim import init_state, state_tensors
 
 
 class SyncAveraging(RoundAverager):
@@ -15,27 +16,15 @@ class SyncAveraging(RoundAverager):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dht, run_id, cfg, compression,
                  peer_id: str, grad_clip: float, client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0,
                  **options):
-        self._init_optimizer_state(model, optimizer)
+        init_state(optimizer)  # the optimizer's state is shared: it must exist before the first step
         self.grad_sum = [torch.zeros_like(p) for p in model.parameters()]
         self.micro_batches = 0
         super().__init__(model, optimizer, dht, run_id, cfg, compression, peer_id, grad_clip, client_mode, seed,
                          upload_bps, **options)
 
-    @staticmethod
-    def _init_optimizer_state(model, optimizer) -> None:
-        """Create Adam(W)'s state up front, so that it exists to be shared before the first step."""
-        for p in model.parameters():
-            state = optimizer.state[p]
-            if not state:
-                state["step"] = torch.tensor(0.0)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-
     def shared_tensors(self):
         params = list(self.model.parameters())
-        states = [self.optimizer.state[p] for p in params]
-        return ([p.data for p in params] + [s["exp_avg"] for s in states] + [s["exp_avg_sq"] for s in states]
-                + [s["step"] for s in states])
+        return [p.data for p in params] + state_tensors(self.optimizer, params)
 
     def local_step(self) -> None:
         for acc, p in zip(self.grad_sum, self.params):

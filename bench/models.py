@@ -55,7 +55,8 @@ OPTIMIZERS = {
     "root": {"kind": "root", "lr": 1e-2},
     "lamb": {"kind": "lamb", "lr": 1e-2},
     "lars": {"kind": "lars", "lr": 5.0},
-    "tvlars": {"kind": "tvlars", "lr": 5.0},
+    # phi falls around step 20 over about 20 steps: within the 62 rounds of the 4x batch (24,000 samples)
+    "tvlars": {"kind": "tvlars", "lr": 5.0, "tvlars_delay": 20, "tvlars_decay": 0.2},
 }
 
 

@@ -12,8 +12,9 @@ tables, one run after another on this machine:
    table gives validation BPC on the whole validation split, training bytes per second and parameters. The LSTM
    2x256 row is the reference (the issue's: 2.07 BPC in 391 s on the machine where it was measured).
 2. **3-node DiLoCo swarm, equal samples**: real nodes under a real coordinator, splitting the batch of 32 as in
-   bench/quality.py (H = ``--inner-steps``, outer lr 1.0, momentum 0.5): the LSTM with AdamW against the best
-   linear recurrence of table 1 (or ``--swarm-model``) with AdamW and each orthogonalized optimizer.
+   bench/quality.py (H = ``--inner-steps``, outer lr 1.0, momentum 0.5): the LSTM with AdamW (at 3e-3 and at
+   Muon's 1e-2), Muon and ROOT, and the best linear recurrence of table 1 (or ``--swarm-model``) with AdamW and
+   Muon (``--swarm-runs``).
 3. **sync, a 4x larger collaborative batch, equal samples**: 3 nodes of batch 32 average every step (a
    collaborative batch of 96, AdamW) against 3 nodes that accumulate 4 micro-batches per round (384) with AdamW
    (lr x2, the square-root rule), LAMB, LARS and TVLARS.
@@ -81,9 +82,9 @@ def single_rows(data: str, models: list[str], optimizers: list[str], wall_s: flo
     return rows
 
 
-def swarm_rows(data: str, model: str, optimizers: list[str], nodes: int, samples: int, inner_steps: int) -> list:
+def swarm_rows(data: str, runs: list[tuple[str, str]], nodes: int, samples: int, inner_steps: int) -> list:
     rows = []
-    for name, opt in [("lstm", "adamw")] + [(model, o) for o in optimizers]:
+    for name, opt in runs:
         run = run_lm(data, nodes, samples, inner_steps, 1.0, 0.5,
                      overrides={"model": MODELS[name], "optimizer": optimizer_settings(opt)})
         rows.append(dict(model=name, optimizer=opt, nodes=nodes, samples=run["samples"], val_bpc=run["val_bpc"],
@@ -118,7 +119,8 @@ def main() -> int:
     parser.add_argument("--swarm-samples", type=int, default=24_000, help="sequences of 128 bytes per swarm row")
     parser.add_argument("--inner-steps", type=int, default=10, help="the DiLoCo swarm's H")
     parser.add_argument("--swarm-model", default="", help="the swarm's linear recurrence (default: table 1's best)")
-    parser.add_argument("--swarm-optimizers", default="adamw,adamw_1e-2,muon,root")
+    parser.add_argument("--swarm-runs", default="lstm:adamw,lstm:adamw_1e-2,lstm:muon,lstm:root,BEST:adamw,BEST:muon",
+                        help="model:optimizer pairs of the swarm table; BEST is the swarm's linear recurrence")
     parser.add_argument("--sync-samples", type=int, default=24_000, help="sequences of 128 bytes per sync row")
     parser.add_argument("--sync-model", default="lstm")
     parser.add_argument("--sync-optimizers", default="adamw,lamb,lars,tvlars",
@@ -132,7 +134,10 @@ def main() -> int:
     for name in args.models.split(",") + [args.sync_model] + list(filter(None, [args.swarm_model])):
         if name not in MODELS:
             parser.error(f"--models: unknown model {name!r} (known: {', '.join(MODELS)})")
-    for name in (args.optimizers + "," + args.swarm_optimizers + "," + args.sync_optimizers).split(","):
+    swarm_runs = [tuple(pair.split(":", 1)) for pair in args.swarm_runs.split(",") if pair]
+    if any(len(pair) != 2 for pair in swarm_runs):
+        parser.error("--swarm-runs: expected model:optimizer pairs")
+    for name in (args.optimizers + "," + ",".join(o for _, o in swarm_runs) + "," + args.sync_optimizers).split(","):
         if name not in OPTIMIZERS:
             parser.error(f"optimizers: unknown optimizer {name!r} (known: {', '.join(OPTIMIZERS)})")
     out: dict = {"settings": {"wall_s": args.wall, "models": MODELS, "optimizers": OPTIMIZERS, "nodes": args.nodes,
@@ -153,8 +158,11 @@ def main() -> int:
         linear = [r for r in out["runs"] if r["model"] != "lstm"]
         swarm_model = min(linear, key=lambda r: r["val_bpc"])["model"] if linear else "mingru"
     if "swarm" not in skip:
-        out["swarm"] = swarm_rows(data, swarm_model, args.swarm_optimizers.split(","), args.nodes,
-                                  args.swarm_samples, args.inner_steps)
+        runs = [(swarm_model if m == "BEST" else m, o) for m, o in swarm_runs]
+        for m, _ in runs:
+            if m not in MODELS:
+                parser.error(f"--swarm-runs: unknown model {m!r} (known: {', '.join(MODELS)})")
+        out["swarm"] = swarm_rows(data, runs, args.nodes, args.swarm_samples, args.inner_steps)
         base = out["swarm"][0]["val_bpc"]
         print_table(f"{args.nodes}-node DiLoCo swarm (H={args.inner_steps}), equal samples",
                     ["model", "optimizer", "samples", "val BPC", "wall s", "BPC vs LSTM AdamW"],

@@ -41,7 +41,6 @@ MODELS = {
                             "zoneout_cell": 0.1, "zoneout_hidden": 0.05}},
     "lru_root": {"model": {"kind": "lru", "hidden_size": 32, "state_size": 16, "mlp_ratio": 1},
                  "optimizer": {"kind": "root"}},
-    "hgrn2": {"model": {"kind": "hgrn2", "hidden_size": 32, "expand_ratio": 8, "mlp_ratio": 1}},
     "mingru_muon": {"model": {"kind": "mingru", "hidden_size": 32, "mlp_ratio": 1}, "optimizer": {"kind": "muon"}},
     # sync shares the optimizer's state: LAMB's moments and step counts travel and stay identical. LAMB moves each
     # weight by about lr of its norm a step, so the 4 steps of this test need more than AdamW's lr

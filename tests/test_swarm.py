@@ -2,6 +2,8 @@
 
 import json
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -101,6 +103,13 @@ def test_two_nodes_train_and_average_into_one_model(model_coordinator, tmp_path)
         assert torch.equal(tensor, finals[1].tensors[name]), f"{name} differs between the nodes"
 
     assert_learned(coordinator.cfg, finals[0].model_state())
+
+    if not coordinator.cfg.model.is_world_model:  # the saved state samples, one byte at a time with its state
+        saved = tmp_path / "node-0" / "last.safetensors"
+        sample = subprocess.run([sys.executable, "-m", "cotrain.cli", "sample", str(saved), "--prompt", "The ",
+                                 "--length", "40", "--seed", "1"], capture_output=True, timeout=120)
+        assert sample.returncode == 0, sample.stderr.decode()[-2000:]
+        assert sample.stdout.startswith(b"The ") and len(sample.stdout) >= 4 + 40, sample.stdout
 
 
 @pytest.mark.parametrize("formation", ["board", "matchmaking"])

@@ -126,10 +126,18 @@ def main() -> int:
     parser.add_argument("--sync-optimizers", default="adamw,lamb,lars,tvlars",
                         help="the optimizers of the large collaborative batch")
     parser.add_argument("--grow", type=int, default=4, help="how many times larger the large collaborative batch is")
+    parser.add_argument("--lr", action="append", default=[], metavar="NAME=LR",
+                        help="another peak lr for one of the optimizers (repeatable), e.g. --lr lamb=0.03")
     parser.add_argument("--skip", default="", help="tables to leave out: single, swarm, sync (comma-separated)")
     parser.add_argument("--json", default=None, help="write the figures to this file")
     args = parser.parse_args()
     data = args.data or default_text()
+    for item in args.lr:
+        name, _, value = item.partition("=")
+        try:
+            OPTIMIZERS[name]["lr"] = float(value)
+        except (KeyError, ValueError):
+            parser.error(f"--lr: expected NAME=LR with NAME one of {', '.join(OPTIMIZERS)}, got {item!r}")
     skip = set(filter(None, args.skip.split(",")))
     for name in args.models.split(",") + [args.sync_model] + list(filter(None, [args.swarm_model])):
         if name not in MODELS:

@@ -4,21 +4,41 @@ orthogonal optimizer does not orthogonalize."""
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
+
 import torch
 
 
-class StatefulOptimizer(torch.optim.Optimizer):
+class StatefulOptimizer(torch.optim.Optimizer, metaclass=ABCMeta):
     """An optimizer whose per-param state is a fixed set of tensors (step counters included), created by
-    :meth:`init_param_state` either up front (:func:`cotrain.optim.init_state`) or lazily on the first step."""
+    :meth:`init_param_state` either up front (:func:`cotrain.optim.init_state`) or lazily on the first step.
+    A subclass says what the state is and how one param steps (:meth:`update`)."""
 
+    @abstractmethod
     def init_param_state(self, p: torch.Tensor, group: dict) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+        """The state tensors of ``p`` before its first step."""
+
+    @abstractmethod
+    def update(self, p: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
+        """One step of ``p`` (in place) from its gradient, its state and its group's settings."""
 
     def state_of(self, p: torch.Tensor, group: dict) -> dict:
         state = self.state[p]
         if not state:
             state.update(self.init_param_state(p, group))
         return state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.update(p, p.grad, self.state_of(p, group), group)
+        return loss
 
 
 def adamw_state(p: torch.Tensor) -> dict[str, torch.Tensor]:

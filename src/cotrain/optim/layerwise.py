@@ -32,7 +32,7 @@ import math
 import torch
 from torch import nn
 
-from cotrain.optim.base import StatefulOptimizer
+from cotrain.optim.base import StatefulOptimizer, adamw_state
 
 
 def trust_groups(model: nn.Module) -> list[dict]:
@@ -64,35 +64,22 @@ class Lamb(StatefulOptimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, eps=eps, trust=True))
 
     def init_param_state(self, p, group):
-        return {"step": torch.tensor(0.0),
-                "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+        return adamw_state(p)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state_of(p, group)
-                state["step"] += 1
-                t = float(state["step"])
-                state["exp_avg"].lerp_(p.grad, 1.0 - beta1)
-                state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1.0 - beta2)
-                m_hat = state["exp_avg"] / (1.0 - beta1 ** t)
-                v_hat = state["exp_avg_sq"] / (1.0 - beta2 ** t)
-                update = m_hat / (v_hat.sqrt() + group["eps"])
-                if group["trust"]:
-                    if group["weight_decay"]:
-                        update.add_(p, alpha=group["weight_decay"])
-                    update.mul_(_ratio(p.norm(), update.norm()))
-                p.add_(update, alpha=-group["lr"])
-        return loss
+    def update(self, p, grad, state, group) -> None:
+        beta1, beta2 = group["betas"]
+        state["step"] += 1
+        t = float(state["step"])
+        state["exp_avg"].lerp_(grad, 1.0 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        m_hat = state["exp_avg"] / (1.0 - beta1 ** t)
+        v_hat = state["exp_avg_sq"] / (1.0 - beta2 ** t)
+        update = m_hat / (v_hat.sqrt() + group["eps"])
+        if group["trust"]:
+            if group["weight_decay"]:
+                update.add_(p, alpha=group["weight_decay"])
+            update.mul_(_ratio(p.norm(), update.norm()))
+        p.add_(update, alpha=-group["lr"])
 
 
 class Lars(StatefulOptimizer):
@@ -111,27 +98,16 @@ class Lars(StatefulOptimizer):
         """The schedule on the trust ratio: 1 for LARS."""
         return 1.0
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state_of(p, group)
-                direction = p.grad
-                if group["trust"]:
-                    if group["weight_decay"]:
-                        direction = direction.add(p, alpha=group["weight_decay"])
-                    scale = group["trust_coefficient"] * self.factor(state["step"], group)
-                    direction = direction * (scale * _ratio(p.norm(), direction.norm()))
-                state["momentum_buffer"].mul_(group["momentum"]).add_(direction)
-                p.add_(state["momentum_buffer"], alpha=-group["lr"])
-                state["step"] += 1
-        return loss
+    def update(self, p, grad, state, group) -> None:
+        direction = grad
+        if group["trust"]:
+            if group["weight_decay"]:
+                direction = direction.add(p, alpha=group["weight_decay"])
+            scale = group["trust_coefficient"] * self.factor(state["step"], group)
+            direction = direction * (scale * _ratio(p.norm(), direction.norm()))
+        state["momentum_buffer"].mul_(group["momentum"]).add_(direction)
+        p.add_(state["momentum_buffer"], alpha=-group["lr"])
+        state["step"] += 1
 
 
 class TVLars(Lars):

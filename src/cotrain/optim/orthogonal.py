@@ -222,32 +222,21 @@ class Muon(StatefulOptimizer):
         """The orthogonalized step for a ``(blocks, rows, cols)`` momentum."""
         return newton_schulz(momentum, MUON_COEFFICIENTS, group["ns_steps"])
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, wd = group["lr"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state_of(p, group)
-                if group["algorithm"] == "adamw":
-                    adamw_update(p, p.grad, state, lr, group["betas"], wd, group["eps"])
-                    continue
-                mu = group["momentum"]
-                buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1.0 - mu)
-                update = p.grad.lerp(buf, mu) if group["nesterov"] else buf
-                rows, cols = self.block_shape(p, group["blocks"])
-                ortho = self.direction(update.reshape(group["blocks"], rows, cols), group)
-                if wd:
-                    p.mul_(1.0 - lr * wd)
-                # torch.optim.Muon's adjust_lr_fn="match_rms_adamw", per block
-                p.add_(ortho.reshape(p.shape), alpha=-lr * 0.2 * math.sqrt(max(rows, cols)))
-        return loss
+    def update(self, p, grad, state, group) -> None:
+        lr, wd = group["lr"], group["weight_decay"]
+        if group["algorithm"] == "adamw":
+            adamw_update(p, grad, state, lr, group["betas"], wd, group["eps"])
+            return
+        mu = group["momentum"]
+        buf = state["momentum_buffer"]
+        buf.lerp_(grad, 1.0 - mu)
+        update = grad.lerp(buf, mu) if group["nesterov"] else buf
+        rows, cols = self.block_shape(p, group["blocks"])
+        ortho = self.direction(update.reshape(group["blocks"], rows, cols), group)
+        if wd:
+            p.mul_(1.0 - lr * wd)
+        # torch.optim.Muon's adjust_lr_fn="match_rms_adamw", per block
+        p.add_(ortho.reshape(p.shape), alpha=-lr * 0.2 * math.sqrt(max(rows, cols)))
 
 
 class Root(Muon):

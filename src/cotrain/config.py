@@ -198,6 +198,15 @@ class AveragingConfig(_Section):
     #: nodes, 4 rounds of H=125, in-process: 0.7/0.9 ended 3.2% above data-parallel training, 1.0/0.5 0.3% below)
     outer_lr: float = Field(0.7, gt=0.0, le=10.0)
     outer_momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    #: DiLoCo's outer step. "nesterov": the averaged pseudo-gradient drives a Nesterov step (outer_lr,
+    #: outer_momentum); what a lossy codec did not send stays in the local model. "error_feedback" (SparseLoCo,
+    #: Templar 2025): each node keeps what it did not send in a buffer that decays by error_decay every round and
+    #: *replaces* the outer momentum: the node sends the compressed buffer, and the outer step is plain SGD at
+    #: outer_lr (1.0 in SparseLoCo; outer_momentum is not used). Made for the sparse codec and top-k, whose unsent
+    #: part is most of the pseudo-gradient.
+    outer: Literal["nesterov", "error_feedback"] = "nesterov"
+    #: outer = "error_feedback": the buffer is error_decay x buffer + pseudo-gradient before each round's send
+    error_decay: float = Field(0.95, ge=0.0, le=1.0)
     #: how a round's group forms. "matchmaking": hivemind's, which waits up to matchmaking_time every round (and
     #: less once target_group_size peers are there). "board" (experimental): every peer computes the same groups
     #: from the progress board (cotrain.averaging.groups), goes to the round's meeting when it took its H steps, and
@@ -235,11 +244,25 @@ class CompressionConfig(_Section):
     ``topk_fraction`` of values as indices plus int8 values), ``powersgd`` (rank-``powersgd_rank`` factors). Lossy
     codecs keep what they dropped and add it to the next round (error feedback) unless ``error_feedback`` is off."""
 
-    kind: Literal["none", "fp16", "int8", "int4", "topk", "powersgd"] = "none"
+    kind: Literal["none", "fp16", "int8", "int4", "topk", "powersgd", "sparse"] = "none"
     topk_fraction: float = Field(0.01, gt=0.0, le=1.0)
     powersgd_rank: int = Field(4, ge=1, le=1024)
     block: int = Field(256, ge=8, le=1 << 20)
     error_feedback: bool = True
+    #: sparse: of every sparse_chunk values of a tensor, the sparse_topk largest are sent, each as a Rice-coded
+    #: index and a sparse_bits code into the tensor's table of bin means (cotrain.compression.sparse). 64 of 4096
+    #: at 2 bits is SparseLoCo's choice: ~0.15 bits per parameter per round. Peers all-gather these payloads
+    #: (each serves its own to every groupmate), so use it with averaging.outer = "error_feedback", and
+    #: averaging.aggregation "mean" or "clipped_mean"
+    sparse_chunk: int = Field(4096, ge=1, le=1 << 24)
+    sparse_topk: int = Field(64, ge=1, le=1 << 24)
+    sparse_bits: int = Field(2, ge=1, le=8)
+
+    @model_validator(mode="after")
+    def _sparse(self) -> "CompressionConfig":
+        if self.sparse_topk > self.sparse_chunk:
+            raise ValueError(f"sparse_topk ({self.sparse_topk}) must be at most sparse_chunk ({self.sparse_chunk})")
+        return self
 
 
 class CoordinatorConfig(_Section):
@@ -304,6 +327,13 @@ class RunConfig(_Section):
     warm_start: WarmStartConfig = WarmStartConfig()
     #: torch device for training: "cpu", "cuda", "cuda:1", or "auto" (cuda when present)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
+
+    @model_validator(mode="after")
+    def _sparse_aggregation(self) -> "RunConfig":
+        if self.compression.kind == "sparse" and self.averaging.aggregation not in ("mean", "clipped_mean"):
+            raise ValueError(f"averaging.aggregation: the sparse codec averages with \"mean\" or \"clipped_mean\" "
+                             f"(each position over the peers that sent it), not {self.averaging.aggregation!r}")
+        return self
 
     # ---- loading and dumping -------------------------------------------------------------------------------------
     @classmethod

@@ -4,6 +4,11 @@ Every peer keeps the round's *global* parameters (identical on every peer) next 
 local steps with its inner optimizer (AdamW); at the round's end the group averages the pseudo-gradient
 ``global - local`` (weighted by samples, compressed), and every peer applies the same outer Nesterov step to the
 global parameters and restarts its local model from them. The inner optimizer's state stays local.
+
+With ``averaging.outer = "error_feedback"`` (SparseLoCo, Templar 2025) the outer momentum is replaced by each
+peer's error-feedback buffer: ``e <- error_decay * e + (global - local)``; the peer sends the compressed ``e``
+and keeps what was not sent in it, and the outer step is plain SGD on the average. The buffer's decay does what
+momentum did (it carries unsent progress into later rounds), so aggressive codecs lose nothing for good.
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ class DiLoCo(RoundAverager):
                  **options):
         self.global_params = [p.detach().clone() for p in model.parameters()]
         self.momentum = [torch.zeros_like(p) for p in self.global_params]
-        self.outer = torch.optim.SGD(self.global_params, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
-                                     nesterov=cfg.outer_momentum > 0)
-        if cfg.outer_momentum > 0:
+        momentum = cfg.outer_momentum if cfg.outer == "nesterov" else 0.0
+        self.outer = torch.optim.SGD(self.global_params, lr=cfg.outer_lr, momentum=momentum, nesterov=momentum > 0)
+        if momentum > 0:
             for p, buf in zip(self.global_params, self.momentum):
                 self.outer.state[p]["momentum_buffer"] = buf
         super().__init__(model, optimizer, dht, run_id, cfg, compression, peer_id, grad_clip, client_mode, seed,
@@ -31,7 +36,14 @@ class DiLoCo(RoundAverager):
         # error feedback through the parameters: after a round the local model restarts from the new global
         # parameters *plus its own progress that the codec did not send* (global - local = the unsent residual),
         # so the next pseudo-gradient carries it and the local model does not have to learn it again
-        self.feedback_in_params = True
+        self.feedback_in_params = cfg.outer == "nesterov"
+        if cfg.outer == "error_feedback":
+            # SparseLoCo: what this node did not send waits in a buffer (decayed each round) instead, the outer
+            # step is plain SGD, and the local model restarts from the global parameters alone
+            self.outer_feedback = True
+            self.feedback_decay = cfg.error_decay
+            if self.powersgd is not None:
+                self.powersgd.decay = cfg.error_decay
 
     def shared_tensors(self):
         return self.global_params + self.momentum

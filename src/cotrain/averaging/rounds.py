@@ -34,6 +34,7 @@ from hivemind.p2p import PeerID
 
 from cotrain.averaging.admission import Admission
 from cotrain.averaging.attacks import make_attack
+from cotrain.averaging.allgather import sparse_allgather
 from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.groups import Meeting, Outcome, group_key, group_of, meeting_outcome, plan_groups
@@ -42,7 +43,7 @@ from cotrain.averaging.progress import (Action, Decision, PeerProgress, Progress
                                         round_decision, round_peers)
 from cotrain.averaging.state import STATE_KEY, Progress, download_state, pick_donors
 from cotrain.checkpoint import Checkpoint, encode_checkpoint, named_state, shared_tensors_of
-from cotrain.compression import PowerSGD, make_codec
+from cotrain.compression import PowerSGD, SparseLowBit, make_codec
 from cotrain.config import AveragingConfig, CompressionConfig
 from cotrain.outage import Outage
 
@@ -120,15 +121,24 @@ class RoundAverager(abc.ABC):
         self.params = [p for p in model.parameters()]
         self.param_names = [n for n, _ in model.named_parameters()]
         self._lock = threading.Lock()  # the shared state is read by hivemind's thread when a peer downloads it
-        self.codec = make_codec(compression.kind if compression.kind != "powersgd" else "none",
-                                compression.topk_fraction, compression.block)
+        if compression.kind == "sparse":
+            self.codec = SparseLowBit([p.numel() for p in self.params], compression.sparse_chunk,
+                                      compression.sparse_topk, compression.sparse_bits)
+        else:
+            self.codec = make_codec(compression.kind if compression.kind != "powersgd" else "none",
+                                    compression.topk_fraction, compression.block)
         self.powersgd = (PowerSGD([p.shape for p in self.params], compression.powersgd_rank, seed)
                          if compression.kind == "powersgd" else None)
         self.error: Optional[torch.Tensor] = None  # error feedback for lossy codecs
         self.residual: Optional[list[torch.Tensor]] = None  # this round's unsent part, for strategies that keep it
         #: keep what a lossy codec did not send in the local model (DiLoCo) rather than in a separate buffer
         self.feedback_in_params = False
-        self.aggregator = build_aggregator(cfg.aggregation, cfg.trim_fraction, cfg.clip_tau, cfg.clip_multiple)
+        #: the error-feedback buffer is the outer optimizer's memory (DiLoCo with outer = "error_feedback"): kept
+        #: for every codec, lossless ones too, and multiplied by ``feedback_decay`` before each round's send
+        self.outer_feedback = False
+        self.feedback_decay = 1.0
+        self.aggregator = (None if compression.kind == "sparse" else  # the sparse all-gather aggregates itself
+                           build_aggregator(cfg.aggregation, cfg.trim_fraction, cfg.clip_tau, cfg.clip_multiple))
         self.attack = make_attack(attack, seed) if attack else None
         self.round = 0
         self.samples_total = 0
@@ -531,12 +541,17 @@ class RoundAverager(abc.ABC):
 
             return self.powersgd.reduce(contribution, reduce), complete
         flat = torch.cat([c.detach().float().cpu().reshape(-1) for c in contribution])
-        use_feedback = self.codec.lossy and self.compression.error_feedback and self.attack is None
+        use_feedback = ((self.codec.lossy or self.outer_feedback) and self.compression.error_feedback
+                        and self.attack is None)
         if use_feedback and self.error is not None:
-            flat = flat + self.error
+            flat = flat + self.feedback_decay * self.error
         sent = self.attack(flat) if self.attack is not None else flat
-        result = butterfly_allreduce(self.exchange, tag, group, me, sent, weight, self.codec, timeout, self.aggregator,
-                                     reducers)
+        if isinstance(self.codec, SparseLowBit):
+            result = sparse_allgather(self.exchange, tag, group, me, sent, weight, self.codec, timeout,
+                                      self.cfg.aggregation, self.cfg.clip_multiple, reducers)
+        else:
+            result = butterfly_allreduce(self.exchange, tag, group, me, sent, weight, self.codec, timeout,
+                                         self.aggregator, reducers)
         self._flag(result)
         if use_feedback and self.feedback_in_params:
             self.residual = _unflatten(flat - result.sent, contribution)

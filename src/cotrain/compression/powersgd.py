@@ -23,7 +23,7 @@ AllReduce = Callable[[torch.Tensor, str], torch.Tensor]
 
 
 class PowerSGD:
-    def __init__(self, shapes: Sequence[torch.Size], rank: int = 4, seed: int = 0):
+    def __init__(self, shapes: Sequence[torch.Size], rank: int = 4, seed: int = 0, decay: float = 1.0):
         if rank < 1:
             raise ValueError(f"compression.powersgd_rank: must be >= 1, got {rank}")
         self.rank = rank
@@ -33,6 +33,9 @@ class PowerSGD:
                          and rank * (s[0] + math.prod(s[1:])) < s[0] * math.prod(s[1:])]
         self.dense = [i for i in range(len(self.shapes)) if i not in self.matrices]
         self.seed = seed
+        #: the error kept from last round is multiplied by this before it is added (DiLoCo's outer error feedback
+        #: decays it; 1: classic PowerSGD error feedback)
+        self.decay = decay
         self.q: list[torch.Tensor] = []
         self.reset()
 
@@ -59,7 +62,7 @@ class PowerSGD:
 
     def reduce(self, deltas: Sequence[torch.Tensor], allreduce: AllReduce) -> list[torch.Tensor]:
         """The averaged update of every tensor; ``allreduce(vector, phase)`` averages a flat vector with the group."""
-        m = [(deltas[i].detach().float().cpu() + e).reshape(self.shapes[i][0], -1)
+        m = [(deltas[i].detach().float().cpu() + self.decay * e).reshape(self.shapes[i][0], -1)
              for i, e in zip(self.matrices, self.error)]
         p_local = [mi @ qi for mi, qi in zip(m, self.q)]
         dense = [deltas[i].detach().float().cpu().reshape(-1) for i in self.dense]

@@ -21,6 +21,18 @@ below it; at H=150 and 600 steps, 1.0/0.5 0.4% below. ``--outer-lr 0.7 --outer-m
 runs the product's defaults. The defaults use a smaller LSTM (1 x 128) than bench/quality.py so that the
 16 runs fit in about half an hour on 2 cores; ``--hidden 256 --layers 2 --seq-len 128 --samples 72000`` runs the
 BASELINES.md model.
+
+    python bench/communication.py --long [--rounds 20] [--long-runs H:CODEC:OUTER ...] [--json FILE]
+
+The long mode is the proof over a real run: an LSTM 2 x 512 (3.4M parameters; sequences of 32, batches of 16),
+3 nodes, ``--rounds`` outer rounds (20) of every compressed row, against data-parallel fp32 training (``sync``,
+H = 1) with the same samples. Its rows: dense DiLoCo (fp32, Nesterov outer step), and the sparse codec (64 of every
+4096 values, 2 bits), top-k (1%) and PowerSGD (rank 4) under the outer error feedback (``averaging.outer =
+"error_feedback"``: a buffer decaying by 0.95 in place of outer momentum, outer SGD at lr 1). Every row reports
+bits per parameter per round, counted on the wire: the bytes a node sent averaging (the all-reduce pieces it
+served), times 8, over the parameters and the rounds (for data-parallel training every step is a round). The JSON
+has the short mode's structure plus a top-level ``params`` and, per run, ``rounds``, ``outer`` and
+``bits_per_param_per_round``.
 """
 
 from __future__ import annotations
@@ -34,37 +46,105 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bench_parser, default_text, lstm_config, print_table, run_swarm, write_json  # noqa: E402
 
 from cotrain.config import RunConfig  # noqa: E402
+from cotrain.tasks import build_task  # noqa: E402
 
-COMPRESSIONS = ("none", "fp16", "int8", "int4", "topk", "powersgd")
+COMPRESSIONS = ("none", "fp16", "int8", "int4", "topk", "powersgd", "sparse")
+SHORT_GRID = ("none", "fp16", "int8", "int4", "topk", "powersgd")
+LONG_RUNS = ("30:none:nesterov", "30:sparse:error_feedback", "30:topk:error_feedback", "30:powersgd:error_feedback")
+OUTERS = ("nesterov", "error_feedback")
 
 
-def make_config(args, strategy: str, inner_steps: int, compression: str, steps_per_node: int) -> RunConfig:
+def make_config(args, strategy: str, inner_steps: int, compression: str, steps_per_node: int,
+                outer: str = "nesterov") -> RunConfig:
+    feedback = outer == "error_feedback"
     return lstm_config(
         "comm", args.data, args.hidden, embed_dim=64, layers=args.layers, seq_len=args.seq_len,
         batch_size=args.batch_size,
         optimizer={"lr": 3e-3, "min_lr": 3e-4, "decay_steps": steps_per_node, "grad_clip": 1.0},
-        averaging={"strategy": strategy, "inner_steps": inner_steps, "outer_lr": args.outer_lr,
-                   "outer_momentum": args.outer_momentum,
+        averaging={"strategy": strategy, "inner_steps": inner_steps,
+                   "outer_lr": args.feedback_lr if feedback else args.outer_lr,
+                   "outer_momentum": args.outer_momentum, "outer": outer, "error_decay": args.error_decay,
+                   # the sparse all-gather averages each position over its senders: mean (this bench's peers are
+                   # trusted; clipped_mean is the robust choice), and so do the others here, to compare like with like
+                   "aggregation": "mean",
                    "matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 0.5,
                    "target_group_size": args.nodes, "round_wait": 0.0 if strategy == "sync" else 30.0},
-        compression={"kind": compression, "topk_fraction": args.topk_fraction, "powersgd_rank": args.rank})
+        compression={"kind": compression, "topk_fraction": args.topk_fraction, "powersgd_rank": args.rank,
+                     "sparse_chunk": args.sparse_chunk, "sparse_topk": args.sparse_topk,
+                     "sparse_bits": args.sparse_bits})
 
 
-def one_run(args, strategy: str, inner_steps: int, compression: str) -> dict:
+def count_params(cfg: RunConfig) -> int:
+    return sum(p.numel() for p in build_task(cfg).build_model().parameters())
+
+
+def one_run(args, strategy: str, inner_steps: int, compression: str, outer: str = "nesterov",
+            rounds: int = 0) -> dict:
     steps_per_node = args.samples // (args.batch_size * args.nodes)
-    rounds = max(1, steps_per_node // inner_steps)
-    cfg = make_config(args, strategy, inner_steps, compression, rounds * inner_steps)
+    rounds = rounds or max(1, steps_per_node // inner_steps)
+    cfg = make_config(args, strategy, inner_steps, compression, rounds * inner_steps, outer)
     run = run_swarm(cfg, args.nodes, ["--max-rounds", str(rounds)])
     sent = [n["bytes_sent"] for n in run.nodes]
     util = [n["compute_s"] / n["wall_s"] for n in run.nodes if n["wall_s"] > 0]
-    row = dict(strategy=strategy, H=inner_steps, compression=compression,
+    done = int(run.final["metadata"].get("round", rounds)) if run.final else rounds
+    params = count_params(cfg)
+    row = dict(strategy=strategy, H=inner_steps, compression=compression, outer=outer,
                bytes_per_node=sum(sent) / len(sent), val_loss=run.metrics["val_loss"], wall_s=run.wall_s,
                compute_utilization=sum(util) / max(1, len(util)), samples=run.samples,
-               partial_rounds=sum(n["partial_rounds"] for n in run.nodes))
-    print(f"  {strategy:6} H={inner_steps:<3} {compression:8} bytes/node {row['bytes_per_node']:>12,.0f} "
-          f"val_loss {row['val_loss']:.4f} util {row['compute_utilization']:.2f} wall {row['wall_s']:.0f}s",
-          flush=True)
+               partial_rounds=sum(n["partial_rounds"] for n in run.nodes), rounds=done, params=params)
+    row["bits_per_param_per_round"] = 8 * row["bytes_per_node"] / (params * max(1, done))
+    print(f"  {strategy:6} H={inner_steps:<3} {compression:8} {outer:14} bytes/node {row['bytes_per_node']:>12,.0f} "
+          f"bits/param/round {row['bits_per_param_per_round']:.3f} val_loss {row['val_loss']:.4f} "
+          f"rounds {done} util {row['compute_utilization']:.2f} wall {row['wall_s']:.0f}s", flush=True)
     return row
+
+
+def long_mode(args, parser) -> int:
+    """The proof over a real run (see the module's docstring)."""
+    specs = []
+    for item in args.long_runs:
+        parts = item.split(":")
+        if (len(parts) != 3 or not parts[0].isdigit() or int(parts[0]) < 1 or parts[1] not in COMPRESSIONS
+                or parts[2] not in OUTERS):
+            parser.error(f"--long-runs: expected H:CODEC:OUTER (CODEC one of {', '.join(COMPRESSIONS)}, OUTER one "
+                         f"of {', '.join(OUTERS)}), got {item!r}")
+        specs.append((int(parts[0]), parts[1], parts[2]))
+    # equal samples: every row trains rounds x H steps a node, at the largest H; the baseline as many steps
+    steps = args.rounds * max(h for h, _, _ in specs)
+    args.samples = steps * args.batch_size * args.nodes
+    print(f"long mode: LSTM {args.layers}x{args.hidden}, {args.nodes} nodes, {steps} steps a node "
+          f"({args.samples} sequences)", flush=True)
+    print("baseline: sync, fp32 gradients every step", flush=True)
+    base = one_run(args, "sync", 1, "none", rounds=steps)
+    runs = []
+    for h, codec, outer in specs:
+        row = one_run(args, "diloco", h, codec, outer, rounds=steps // h)
+        row["bytes_ratio"] = base["bytes_per_node"] / max(1.0, row["bytes_per_node"])
+        runs.append(row)
+    dense = {r["H"]: r for r in runs if r["compression"] == "none"}
+    rows = [["sync (baseline)", 1, "none", "-", base["rounds"], base["bytes_per_node"],
+             base["bits_per_param_per_round"], base["val_loss"], 1.0, "-", base["wall_s"], 1.0]]
+    for r in runs:
+        vs_dense = r["val_loss"] / dense[r["H"]]["val_loss"] if r["H"] in dense else float("nan")
+        rows.append([r["strategy"], r["H"], r["compression"], r["outer"], r["rounds"], r["bytes_per_node"],
+                     r["bits_per_param_per_round"], r["val_loss"], r["val_loss"] / base["val_loss"], vs_dense,
+                     r["wall_s"], r["bytes_ratio"]])
+    params = base["params"]
+    print_table(f"communication, long: {args.nodes} nodes, LSTM {args.layers}x{args.hidden} ({params:,} parameters), "
+                f"{args.samples} sequences", ["strategy", "H", "compression", "outer", "rounds", "bytes/node",
+                                              "bits/param/round", "val loss", "loss vs base", "loss vs dense",
+                                              "wall s", "bytes ratio"], rows)
+    ok = [r for r in runs if r["bytes_ratio"] >= 3000 and r["val_loss"] <= 1.01 * base["val_loss"]
+          and r["rounds"] >= 20]
+    print("\nruns with >= 3000x fewer bytes, val loss within 1% of the baseline and >= 20 rounds: "
+          + (", ".join(f"H={r['H']} {r['compression']}" for r in ok) or "none"))
+    keys = ("strategy", "H", "compression", "outer", "bytes_per_node", "val_loss", "wall_s", "compute_utilization",
+            "bytes_ratio", "rounds", "bits_per_param_per_round", "partial_rounds")
+    write_json(args.json, {"params": params,
+                           "baseline": {k: base[k] for k in ("bytes_per_node", "val_loss", "wall_s", "rounds",
+                                                             "bits_per_param_per_round")},
+                           "runs": [{k: r[k] for k in keys} for r in runs]})
+    return 0
 
 
 def main() -> int:
@@ -81,12 +161,29 @@ def main() -> int:
     parser.add_argument("--topk-fraction", type=float, default=0.01)
     parser.add_argument("--rank", type=int, default=4, help="PowerSGD rank")
     parser.add_argument("--H", type=int, nargs="+", default=[10, 50, 100])
-    parser.add_argument("--compression", nargs="+", default=list(COMPRESSIONS), choices=COMPRESSIONS)
+    parser.add_argument("--compression", nargs="+", default=list(SHORT_GRID), choices=COMPRESSIONS)
     parser.add_argument("--also", nargs="*", default=["150:int8", "150:int4"], metavar="H:CODEC",
                         help="runs beyond the grid (default: the ones that aim at 1000x fewer bytes)")
     parser.add_argument("--json", default=None, help="write the figures to this file")
+    parser.add_argument("--sparse-chunk", type=int, default=4096)
+    parser.add_argument("--sparse-topk", type=int, default=64)
+    parser.add_argument("--sparse-bits", type=int, default=2)
+    parser.add_argument("--feedback-lr", type=float, default=1.0,
+                        help="outer lr of the runs with averaging.outer = error_feedback (SparseLoCo: 1)")
+    parser.add_argument("--error-decay", type=float, default=0.95)
+    parser.add_argument("--long", action="store_true",
+                        help="the proof over a real run: LSTM 2x512, >= 20 rounds a row (see above)")
+    parser.add_argument("--rounds", type=int, default=20, help="--long: outer rounds of the rows at the largest H")
+    parser.add_argument("--long-runs", nargs="+", default=list(LONG_RUNS), metavar="H:CODEC:OUTER")
     args = parser.parse_args()
     args.data = args.data or default_text()
+    if args.long:
+        defaults = {"hidden": 128, "layers": 1, "seq_len": 64, "batch_size": 32}
+        long_sizes = {"hidden": 512, "layers": 2, "seq_len": 32, "batch_size": 16}
+        for name, value in long_sizes.items():  # the long mode's model unless the sizes were given
+            if getattr(args, name) == defaults[name]:
+                setattr(args, name, value)
+        return long_mode(args, parser)
     grid = list(itertools.product(args.H, args.compression))
     for item in args.also:
         h, _, codec = item.partition(":")

@@ -207,6 +207,14 @@ class AveragingConfig(_Section):
     outer: Literal["nesterov", "error_feedback"] = "nesterov"
     #: outer = "error_feedback": the buffer is error_decay x buffer + pseudo-gradient before each round's send
     error_decay: float = Field(0.95, ge=0.0, le=1.0)
+    #: outer = "error_feedback": where the unsent buffer lives. "model": in the local model, which restarts each
+    #: round from the new global parameters minus error_decay x the buffer, so its next H steps build on the
+    #: progress it has not sent yet (the next pseudo-gradient then is decayed buffer + new progress, as SparseLoCo
+    #: sends). "separate": SparseLoCo's layout, the local model restarts from the global parameters and the buffer
+    #: is kept apart, so every round relearns what is still unsent and adds it again (a momentum). Measured at 20
+    #: rounds (3 replicas, H=30, 64 of 4096 at 2 bits): "model" 0.3% above dense DiLoCo, "separate" 7% above;
+    #: SparseLoCo ran "separate" over thousands of rounds.
+    error_buffer: Literal["model", "separate"] = "model"
     #: how a round's group forms. "matchmaking": hivemind's, which waits up to matchmaking_time every round (and
     #: less once target_group_size peers are there). "board" (experimental): every peer computes the same groups
     #: from the progress board (cotrain.averaging.groups), goes to the round's meeting when it took its H steps, and

@@ -36,10 +36,11 @@ class DiLoCo(RoundAverager):
         # error feedback through the parameters: after a round the local model restarts from the new global
         # parameters *plus its own progress that the codec did not send* (global - local = the unsent residual),
         # so the next pseudo-gradient carries it and the local model does not have to learn it again
-        self.feedback_in_params = cfg.outer == "nesterov"
+        self.feedback_in_params = cfg.outer == "nesterov" or cfg.error_buffer == "model"
         if cfg.outer == "error_feedback":
-            # SparseLoCo: what this node did not send waits in a buffer (decayed each round) instead, the outer
-            # step is plain SGD, and the local model restarts from the global parameters alone
+            # SparseLoCo: what this node did not send is decayed each round and sent later, in place of the outer
+            # momentum; the outer step is plain SGD. It waits in the local model (error_buffer "model": the model
+            # restarts from global - decay x unsent) or apart (error_buffer "separate": from the global parameters)
             self.outer_feedback = True
             self.feedback_decay = cfg.error_decay
             if self.powersgd is not None:
@@ -64,7 +65,7 @@ class DiLoCo(RoundAverager):
         for i, (p, g) in enumerate(zip(self.params, self.global_params)):
             p.copy_(g)
             if residual is not None:
-                p.sub_(residual[i].to(p.device, p.dtype))
+                p.sub_(residual[i].to(p.device, p.dtype), alpha=self.feedback_decay)
 
     def after_shared_change(self) -> None:
         with torch.no_grad():

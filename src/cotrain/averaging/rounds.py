@@ -539,7 +539,10 @@ class RoundAverager(abc.ABC):
                 self._flag(result)
                 return result.average
 
-            return self.powersgd.reduce(contribution, reduce), complete
+            average = self.powersgd.reduce(contribution, reduce)
+            if self.outer_feedback and self.feedback_in_params:  # its error waits in the local model instead
+                self.residual = self.powersgd.take_error()
+            return average, complete
         flat = torch.cat([c.detach().float().cpu().reshape(-1) for c in contribution])
         use_feedback = ((self.codec.lossy or self.outer_feedback) and self.compression.error_feedback
                         and self.attack is None)

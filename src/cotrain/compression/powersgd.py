@@ -50,6 +50,15 @@ class PowerSGD:
             self.q = fresh
         self.error = [torch.zeros(self.shapes[i]) for i in self.matrices]
 
+    def take_error(self) -> list[torch.Tensor]:
+        """What this peer's factors missed last round, one tensor per shape (zeros for those sent densely), and no
+        error kept from now on: for a caller that keeps the error itself (in the local model)."""
+        out = [torch.zeros(s) for s in self.shapes]
+        for i, e in zip(self.matrices, self.error):
+            out[i] = e
+        self.error = [torch.zeros(self.shapes[i]) for i in self.matrices]
+        return out
+
     def state_tensors(self) -> list[torch.Tensor]:
         """The Q factors every peer must share (downloaded by a joining peer with the rest of the state)."""
         return self.q

@@ -28,7 +28,8 @@ The long mode is the proof over a real run: an LSTM 2 x 512 (3.4M parameters; se
 3 nodes, ``--rounds`` outer rounds (20) of every compressed row, against data-parallel fp32 training (``sync``,
 H = 1) with the same samples. Its rows: dense DiLoCo (fp32, Nesterov outer step), and the sparse codec (64 of every
 4096 values, 2 bits), top-k (1%) and PowerSGD (rank 4) under the outer error feedback (``averaging.outer =
-"error_feedback"``: a buffer decaying by 0.95 in place of outer momentum, outer SGD at lr 1). Every row reports
+"error_feedback"``: the unsent part, decayed by 0.95 a round, in place of outer momentum, outer SGD at lr 1; kept
+in the local model, ``--error-buffer separate`` keeps it apart as SparseLoCo does). Every row reports
 bits per parameter per round, counted on the wire: the bytes a node sent averaging (the all-reduce pieces it
 served), times 8, over the parameters and the rounds (for data-parallel training every step is a round). The JSON
 has the short mode's structure plus a top-level ``params`` and, per run, ``rounds``, ``outer`` and
@@ -64,6 +65,7 @@ def make_config(args, strategy: str, inner_steps: int, compression: str, steps_p
         averaging={"strategy": strategy, "inner_steps": inner_steps,
                    "outer_lr": args.feedback_lr if feedback else args.outer_lr,
                    "outer_momentum": args.outer_momentum, "outer": outer, "error_decay": args.error_decay,
+                   "error_buffer": args.error_buffer,
                    # the sparse all-gather averages each position over its senders: mean (this bench's peers are
                    # trusted; clipped_mean is the robust choice), and so do the others here, to compare like with like
                    "aggregation": "mean",
@@ -171,6 +173,8 @@ def main() -> int:
     parser.add_argument("--feedback-lr", type=float, default=1.0,
                         help="outer lr of the runs with averaging.outer = error_feedback (SparseLoCo: 1)")
     parser.add_argument("--error-decay", type=float, default=0.95)
+    parser.add_argument("--error-buffer", choices=("model", "separate"), default="model",
+                        help="where the outer error feedback keeps what was not sent (averaging.error_buffer)")
     parser.add_argument("--long", action="store_true",
                         help="the proof over a real run: LSTM 2x512, >= 20 rounds a row (see above)")
     parser.add_argument("--rounds", type=int, default=20, help="--long: outer rounds of the rows at the largest H")

@@ -126,3 +126,24 @@ def test_powersgd_keeps_the_error_for_the_next_round():
     full_rank = torch.randn(20, 20)
     out = peer.reduce([full_rank], lambda vector, phase: vector)
     assert torch.allclose(out[0] + peer.error[0], full_rank, atol=1e-5)
+
+
+def test_powersgd_error_decays_or_moves_out():
+    """Under DiLoCo's outer error feedback the kept error is decayed before it is added (``decay``), or handed to
+    the caller, who keeps it in the local model (``take_error``), and PowerSGD then keeps none."""
+    torch.manual_seed(2)
+    shapes = [torch.Size([20, 20]), torch.Size([20])]
+    update = [torch.randn(20, 20), torch.randn(20)]
+    peer = PowerSGD(shapes, rank=1, seed=0, decay=0.5)
+    alone = lambda vector, phase: vector  # noqa: E731 - a group of one
+    peer.reduce(update, alone)
+    error = peer.error[0].clone()
+    twin = PowerSGD(shapes, rank=1, seed=0, decay=1.0)
+    twin.q[0].copy_(peer.q[0])
+    # the second round of a decaying peer sees update + 0.5 x error, exactly what a plain one does given that
+    assert torch.allclose(peer.reduce(update, alone)[0], twin.reduce([update[0] + 0.5 * error, update[1]], alone)[0],
+                          atol=1e-5)
+    taken = peer.take_error()
+    assert [t.shape for t in taken] == shapes
+    assert taken[0].abs().sum() > 0 and torch.equal(taken[1], torch.zeros(20))
+    assert all(e.abs().sum() == 0 for e in peer.error)

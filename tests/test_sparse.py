@@ -97,14 +97,20 @@ def test_malformed_payloads_are_refused_with_a_reason():
     nan[_HEADER.size: _HEADER.size + 4] = struct.pack("<f", float("nan"))
     with pytest.raises(ValueError, match="non-finite"):
         codec.decode_sparse(bytes(nan), n)
+    # where the Rice parameters (4 bits a chunk) and the unary stream lie
+    lay = codec.layout(n)
+    rice_at = _HEADER.size + 4 * 4 * len(SIZES)
+    rice_len = (4 * len(lay.starts) + 7) // 8
+    fields = np.unpackbits(np.frombuffer(good, dtype=np.uint8, count=rice_len, offset=rice_at))[: 4 * len(lay.starts)]
+    rice = fields.reshape(-1, 4) @ np.array([8, 4, 2, 1])
+    (unary_len,) = struct.unpack_from("<I", good, rice_at + rice_len)
     # a unary stream that claims more than any payload can hold is refused before it is read
-    (unary_len,) = struct.unpack_from("<I", good, _HEADER.size + 4 * 4 * len(SIZES))
     huge = bytearray(good)
-    struct.pack_into("<I", huge, _HEADER.size + 4 * 4 * len(SIZES), 1 << 30)
+    struct.pack_into("<I", huge, rice_at + rice_len, 1 << 30)
     with pytest.raises(ValueError, match="unary stream"):
         codec.decode_sparse(bytes(huge), n)
     # a quotient stream with one zero bit turned to one: fewer quotients than indices
-    offset = _HEADER.size + 4 * 4 * len(SIZES) + 4
+    offset = rice_at + rice_len + 4
     stream = np.unpackbits(np.frombuffer(good, dtype=np.uint8, count=unary_len, offset=offset))
     flipped = stream.copy()
     flipped[np.flatnonzero(stream == 0)[0]] = 1
@@ -113,8 +119,7 @@ def test_malformed_payloads_are_refused_with_a_reason():
         codec.decode_sparse(broken, n)
     # gaps too large for the chunk: remainders all ones
     rem_start = offset + unary_len
-    rem_len = (int(codec.layout(n).rice[np.repeat(np.arange(len(codec.layout(n).starts)),
-                                                  codec.layout(n).keep)].sum()) + 7) // 8
+    rem_len = (int((lay.keep * rice).sum()) + 7) // 8
     wide = good[:rem_start] + b"\xff" * rem_len + good[rem_start + rem_len:]
     with pytest.raises(ValueError, match="beyond its chunk"):
         codec.decode_sparse(wide, n)

@@ -8,14 +8,14 @@ bins), and every value is sent as its bin's code; the decoded value is the *mean
 sent as a table of ``2**bits`` float32 per tensor. Dropped values and the quantization error are not lost: the
 averaging layer keeps them in its error-feedback buffer and sends them in a later round.
 
-Indices cost fewer bits than ``log2(chunk)``: within a chunk they are sorted and sent as gaps, Rice-coded with
-parameter ``log2(len / k)`` (6 bits for 64 of 4096), the quotients as one unary stream and the remainders as
-fixed-width fields, so both sides code and decode with numpy, no loop per value. A gap averages ``len / k``, so an
-index costs about ``log2(len / k) + 1.6`` bits (7.6 instead of 12): at 64 of 4096 and 2 bits, ~0.15 bits per
-parameter, against 32 for fp32.
+Indices cost fewer bits than ``log2(chunk)``: within a chunk they are sorted and sent as gaps, Rice-coded with the
+parameter that suits the chunk best (4 bits per chunk; about ``log2(len / k)``, 5-6 for 64 of 4096), the quotients
+as one unary stream and the remainders as fixed-width fields, so both sides code and decode with numpy, no loop per
+value. A gap averages ``len / k``, so an index costs about ``log2(len / k) + 1.6`` bits (7.6 instead of 12): at 64
+of 4096 and 2 bits, ~0.15 bits per parameter, against 32 for fp32.
 
-Payload: ``b"SP" | version | bits | chunk (u32) | topk (u32) | tables (f32, 2**bits per tensor) | unary length (u32)
-| unary bytes | remainder bytes | code bytes``. Everything but the unary stream's length follows from ``sizes``,
+Payload: ``b"SP" | version | bits | chunk (u32) | topk (u32) | tables (f32, 2**bits per tensor) | Rice parameters
+(4 bits per chunk) | unary length (u32) | unary bytes | remainder bytes | code bytes``. Everything but the unary stream's length follows from ``sizes``,
 ``chunk``, ``topk`` and ``bits``, which both sides must share (a payload of other settings is refused), so a
 malformed or oversized payload is refused before anything is allocated from it.
 """
@@ -44,7 +44,6 @@ class _Layout:
     starts: np.ndarray     # int64, the chunk's first position in the vector
     lengths: np.ndarray    # int64, values in the chunk
     keep: np.ndarray       # int64, values kept from it
-    rice: np.ndarray       # int64, Rice parameter (remainder bits) of its gaps
     segment: np.ndarray    # int64, index of the tensor it belongs to
     segments: int
 
@@ -64,10 +63,17 @@ def _layout(sizes: Sequence[int], chunk: int, topk: int) -> _Layout:
         offset += size
     lengths_a = np.array(lengths, dtype=np.int64)
     keep = np.minimum(lengths_a, np.maximum(1, -(-topk * lengths_a // chunk)))
-    ratio = np.maximum(lengths_a // np.maximum(keep, 1), 1)
-    rice = np.floor(np.log2(ratio)).astype(np.int64)
-    return _Layout(np.array(starts, dtype=np.int64), lengths_a, keep, rice, np.array(segment, dtype=np.int64),
-                   len(sizes))
+    return _Layout(np.array(starts, dtype=np.int64), lengths_a, keep, np.array(segment, dtype=np.int64), len(sizes))
+
+
+RICE_FIELD_BITS = 4  # a chunk's Rice parameter, 0..15
+
+
+def _best_rice(gaps: np.ndarray, lay: _Layout) -> np.ndarray:
+    """Per chunk, the Rice parameter that codes its gaps in the fewest bits (quotients in unary + remainders)."""
+    firsts = np.cumsum(lay.keep) - lay.keep
+    costs = np.stack([np.add.reduceat(gaps >> r, firsts) + lay.keep * (r + 1) for r in range(1 << RICE_FIELD_BITS)])
+    return costs.argmin(axis=0).astype(np.int64)
 
 
 def _pack_fields(values: np.ndarray, widths: np.ndarray) -> bytes:
@@ -172,7 +178,8 @@ class SparseLowBit(Codec):
         codes, tables = self._quantize(values, lay.segment[chunk_of], lay.segments)
         first = np.r_[True, chunk_of[1:] != chunk_of[:-1]] if local.size else np.zeros(0, dtype=bool)
         gaps = np.where(first, local, local - np.r_[0, local[:-1]] - 1)
-        rice = lay.rice[chunk_of]
+        chunk_rice = _best_rice(gaps, lay) if gaps.size else np.zeros(len(lay.starts), dtype=np.int64)
+        rice = chunk_rice[chunk_of]
         quotients = gaps >> rice
         remainders = gaps & ((1 << rice) - 1)
         unary = np.ones(int(quotients.sum()) + quotients.size, dtype=np.uint8)
@@ -181,6 +188,7 @@ class SparseLowBit(Codec):
         if unary.size % 8:  # pad with ones, which a decoder never takes for the end of a quotient
             unary_bytes[-1] |= (1 << (8 - unary.size % 8)) - 1
         return (_HEADER.pack(MAGIC, VERSION, self.bits, self.chunk, self.topk) + tables.astype("<f4").tobytes()
+                + _pack_fields(chunk_rice, np.full(chunk_rice.size, RICE_FIELD_BITS, dtype=np.int64))
                 + struct.pack("<I", unary_bytes.size) + unary_bytes.tobytes() + _pack_fields(remainders, rice)
                 + _pack_fields(codes, np.full(codes.size, self.bits, dtype=np.int64)))
 
@@ -206,13 +214,20 @@ class SparseLowBit(Codec):
         if not np.isfinite(tables).all():
             raise ValueError("sparse: non-finite values in a table")
         pos += table_bytes
+        chunks = len(lay.starts)
+        rice_widths = np.full(chunks, RICE_FIELD_BITS, dtype=np.int64)
+        rice_len = _field_bytes(rice_widths)
+        if len(data) < pos + rice_len + 4:
+            raise ValueError("sparse: truncated Rice parameters")
+        chunk_rice = _unpack_fields(data[pos: pos + rice_len], rice_widths)
+        pos += rice_len
         (unary_len,) = struct.unpack_from("<I", data, pos)
         pos += 4
         kept = lay.kept
-        chunk_of = np.repeat(np.arange(len(lay.starts)), lay.keep)
-        rice = lay.rice[chunk_of]
+        chunk_of = np.repeat(np.arange(chunks), lay.keep)
+        rice = chunk_rice[chunk_of]
         # a chunk's quotients sum to at most len / 2**rice, so the unary stream has a bound known beforehand
-        most_unary = int((lay.lengths >> lay.rice).sum()) + kept
+        most_unary = int((lay.lengths >> chunk_rice).sum()) + kept
         if unary_len > (most_unary + 7) // 8:
             raise ValueError(f"sparse: unary stream of {unary_len} bytes, at most {(most_unary + 7) // 8} possible")
         rem_len = _field_bytes(rice)
@@ -251,10 +266,12 @@ class SparseLowBit(Codec):
     def payload_bytes_bound(self, numel: int) -> int:
         """The largest payload a vector of ``numel`` values can have (peers refuse larger ones unread)."""
         lay = self.layout(numel)
-        most_unary = int((lay.lengths >> lay.rice).sum()) + lay.kept
-        return (_HEADER.size + 4 * (1 << self.bits) * lay.segments + 4 + (most_unary + 7) // 8
-                + _field_bytes(lay.rice[np.repeat(np.arange(len(lay.starts)), lay.keep)])
-                + _field_bytes(np.full(lay.kept, self.bits, dtype=np.int64)))
+        # the largest codes: every gap at most len, coded with Rice parameter r costs (len >> r) + kept (r + 1)
+        chunks = len(lay.starts)
+        worst = max(int((lay.lengths >> r).sum()) + lay.kept + int((lay.keep * r).sum())
+                    for r in range(1 << RICE_FIELD_BITS))  # bits of unary stream and remainders together
+        return (_HEADER.size + 4 * (1 << self.bits) * lay.segments + _field_bytes(np.full(chunks, RICE_FIELD_BITS))
+                + 4 + worst // 8 + 2 + _field_bytes(np.full(lay.kept, self.bits, dtype=np.int64)))
 
     def error_bound(self, x: torch.Tensor) -> float:
         """The largest dropped magnitude, or the quantization error: at most a bin's width ``2r / 2**bits`` inside
@@ -299,6 +316,7 @@ def sparse_mean(supports: Sequence[tuple[np.ndarray, np.ndarray]], weights: Sequ
 def bits_per_value(codec: SparseLowBit, numel: int) -> float:
     """Payload bits per value of a typical payload (every gap at its mean): for tables and READMEs."""
     lay = codec.layout(numel)
-    index_bits = (lay.keep * (lay.rice + 1 + 1.0 / (math.e - 1))).sum()
+    rice = np.floor(np.log2(np.maximum(lay.lengths // lay.keep, 1)))
+    index_bits = (lay.keep * (rice + 1 + 1.0 / (math.e - 1))).sum() + RICE_FIELD_BITS * len(lay.starts)
     return float((index_bits + lay.kept * codec.bits + 8 * (4 * (1 << codec.bits) * lay.segments + _HEADER.size + 4))
                  / numel)

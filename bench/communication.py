@@ -28,8 +28,9 @@ The long mode is the proof over a real run: an LSTM 2 x 512 (3.4M parameters; se
 3 nodes, ``--rounds`` outer rounds (20) of every compressed row, against data-parallel fp32 training (``sync``,
 H = 1) with the same samples. Its rows: dense DiLoCo (fp32, Nesterov outer step), and the sparse codec (64 of every
 4096 values, 2 bits), top-k (1%) and PowerSGD (rank 4) under the outer error feedback (``averaging.outer =
-"error_feedback"``: the unsent part, decayed by 0.95 a round, in place of outer momentum, outer SGD at lr 1; kept
-in the local model, ``--error-buffer separate`` keeps it apart as SparseLoCo does). Every row reports
+"error_feedback"``: the unsent part, decayed by 0.95 a round, in place of outer momentum, outer SGD at lr 2
+(``--feedback-lr``); kept in the local model, ``--error-buffer separate`` keeps it apart as SparseLoCo does), and
+dense DiLoCo under the same outer step, to tell the codec's effect from the outer step's. Every row reports
 bits per parameter per round, counted on the wire: the bytes a node sent averaging (the all-reduce pieces it
 served), times 8, over the parameters and the rounds (for data-parallel training every step is a round). The JSON
 has the short mode's structure plus a top-level ``params`` and, per run, ``rounds``, ``outer`` and
@@ -51,7 +52,8 @@ from cotrain.tasks import build_task  # noqa: E402
 
 COMPRESSIONS = ("none", "fp16", "int8", "int4", "topk", "powersgd", "sparse")
 SHORT_GRID = ("none", "fp16", "int8", "int4", "topk", "powersgd")
-LONG_RUNS = ("30:none:nesterov", "30:sparse:error_feedback", "30:topk:error_feedback", "30:powersgd:error_feedback")
+LONG_RUNS = ("30:none:nesterov", "30:none:error_feedback", "30:sparse:error_feedback", "30:topk:error_feedback",
+             "30:powersgd:error_feedback")
 OUTERS = ("nesterov", "error_feedback")
 
 
@@ -170,8 +172,10 @@ def main() -> int:
     parser.add_argument("--sparse-chunk", type=int, default=4096)
     parser.add_argument("--sparse-topk", type=int, default=64)
     parser.add_argument("--sparse-bits", type=int, default=2)
-    parser.add_argument("--feedback-lr", type=float, default=1.0,
-                        help="outer lr of the runs with averaging.outer = error_feedback (SparseLoCo: 1)")
+    parser.add_argument("--feedback-lr", type=float, default=2.0,
+                        help="outer lr of the runs with averaging.outer = error_feedback (SparseLoCo: 1; in-process on "
+                             "the long mode's model, 20 rounds of H=30, sparse with the buffer in the model: 2 "
+                             "ended 4.3%% below dense DiLoCo, 3 1.9%% below)")
     parser.add_argument("--error-decay", type=float, default=0.95)
     parser.add_argument("--error-buffer", choices=("model", "separate"), default="model",
                         help="where the outer error feedback keeps what was not sent (averaging.error_buffer)")

@@ -40,6 +40,7 @@ has the short mode's structure plus a top-level ``params`` and, per run, ``round
 from __future__ import annotations
 
 import itertools
+import json
 import sys
 from pathlib import Path
 
@@ -103,6 +104,24 @@ def one_run(args, strategy: str, inner_steps: int, compression: str, outer: str 
     return row
 
 
+def reused_baseline(args, parser, steps: int) -> dict:
+    """The baseline row of an earlier ``--long --json`` run with the same model and samples (the baseline alone
+    takes 10-15 minutes on 2 cores; the rows to compare with it take 2-3 each)."""
+    try:
+        earlier = json.loads(Path(args.baseline_json).read_text())
+        base = dict(earlier["baseline"])
+        params, samples = int(earlier["params"]), int(earlier["samples"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        parser.error(f"--baseline-json: cannot read a --long run's figures from {args.baseline_json}: {e}")
+    cfg = make_config(args, "sync", 1, "none", steps)
+    if params != count_params(cfg) or samples != args.samples or int(base.get("rounds", 0)) != steps:
+        parser.error(f"--baseline-json: {args.baseline_json} is of {params} parameters, {samples} sequences and "
+                     f"{base.get('rounds')} steps; this run has {count_params(cfg)}, {args.samples} and {steps}")
+    print(f"baseline: reused from {args.baseline_json}", flush=True)
+    base.update(params=params, reused_from=str(args.baseline_json))
+    return base
+
+
 def long_mode(args, parser) -> int:
     """The proof over a real run (see the module's docstring)."""
     specs = []
@@ -118,35 +137,45 @@ def long_mode(args, parser) -> int:
     args.samples = steps * args.batch_size * args.nodes
     print(f"long mode: LSTM {args.layers}x{args.hidden}, {args.nodes} nodes, {steps} steps a node "
           f"({args.samples} sequences)", flush=True)
-    print("baseline: sync, fp32 gradients every step", flush=True)
-    base = one_run(args, "sync", 1, "none", rounds=steps)
+    if args.baseline_json:
+        base = reused_baseline(args, parser, steps)
+    else:
+        print("baseline: sync, fp32 gradients every step", flush=True)
+        base = one_run(args, "sync", 1, "none", rounds=steps)
     runs = []
     for h, codec, outer in specs:
         row = one_run(args, "diloco", h, codec, outer, rounds=steps // h)
         row["bytes_ratio"] = base["bytes_per_node"] / max(1.0, row["bytes_per_node"])
         runs.append(row)
-    dense = {r["H"]: r for r in runs if r["compression"] == "none"}
+    # dense DiLoCo at the same H: with its Nesterov outer step, and with the same outer step as the row
+    dense = {(r["H"], r["outer"]): r for r in runs if r["compression"] == "none"}
+
+    def vs(r, outer):
+        other = dense.get((r["H"], outer))
+        return r["val_loss"] / other["val_loss"] if other else float("nan")
+
     rows = [["sync (baseline)", 1, "none", "-", base["rounds"], base["bytes_per_node"],
-             base["bits_per_param_per_round"], base["val_loss"], 1.0, "-", base["wall_s"], 1.0]]
+             base["bits_per_param_per_round"], base["val_loss"], 1.0, "-", "-", base["wall_s"], 1.0]]
     for r in runs:
-        vs_dense = r["val_loss"] / dense[r["H"]]["val_loss"] if r["H"] in dense else float("nan")
         rows.append([r["strategy"], r["H"], r["compression"], r["outer"], r["rounds"], r["bytes_per_node"],
-                     r["bits_per_param_per_round"], r["val_loss"], r["val_loss"] / base["val_loss"], vs_dense,
-                     r["wall_s"], r["bytes_ratio"]])
+                     r["bits_per_param_per_round"], r["val_loss"], r["val_loss"] / base["val_loss"],
+                     vs(r, "nesterov"), vs(r, r["outer"]), r["wall_s"], r["bytes_ratio"]])
     params = base["params"]
     print_table(f"communication, long: {args.nodes} nodes, LSTM {args.layers}x{args.hidden} ({params:,} parameters), "
                 f"{args.samples} sequences", ["strategy", "H", "compression", "outer", "rounds", "bytes/node",
-                                              "bits/param/round", "val loss", "loss vs base", "loss vs dense",
-                                              "wall s", "bytes ratio"], rows)
+                                              "bits/param/round", "val loss", "loss vs base", "vs dense DiLoCo",
+                                              "vs dense, same outer", "wall s", "bytes ratio"], rows)
     ok = [r for r in runs if r["bytes_ratio"] >= 3000 and r["val_loss"] <= 1.01 * base["val_loss"]
           and r["rounds"] >= 20]
     print("\nruns with >= 3000x fewer bytes, val loss within 1% of the baseline and >= 20 rounds: "
           + (", ".join(f"H={r['H']} {r['compression']}" for r in ok) or "none"))
     keys = ("strategy", "H", "compression", "outer", "bytes_per_node", "val_loss", "wall_s", "compute_utilization",
             "bytes_ratio", "rounds", "bits_per_param_per_round", "partial_rounds")
-    write_json(args.json, {"params": params,
+    write_json(args.json, {"params": params, "samples": args.samples, "error_buffer": args.error_buffer,
+                           "feedback_lr": args.feedback_lr,
                            "baseline": {k: base[k] for k in ("bytes_per_node", "val_loss", "wall_s", "rounds",
-                                                             "bits_per_param_per_round")},
+                                                             "bits_per_param_per_round", "reused_from")
+                                        if k in base},
                            "runs": [{k: r[k] for k in keys} for r in runs]})
     return 0
 
@@ -183,6 +212,9 @@ def main() -> int:
                         help="the proof over a real run: LSTM 2x512, >= 20 rounds a row (see above)")
     parser.add_argument("--rounds", type=int, default=20, help="--long: outer rounds of the rows at the largest H")
     parser.add_argument("--long-runs", nargs="+", default=list(LONG_RUNS), metavar="H:CODEC:OUTER")
+    parser.add_argument("--baseline-json", default=None, metavar="FILE",
+                        help="--long: take the baseline row from an earlier --long run's --json (same model and "
+                             "samples) instead of running it again")
     args = parser.parse_args()
     args.data = args.data or default_text()
     if args.long:

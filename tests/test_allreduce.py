@@ -5,25 +5,18 @@ import threading
 import pytest
 import torch
 
-from cotrain.averaging import Admission, AllReduceFailed, Exchange, butterfly_allreduce, start_dht
+from cotrain.averaging import AllReduceFailed, butterfly_allreduce
 from cotrain.compression import Int4Blockwise, Int8Blockwise, NoCompression
+from tiny_swarm import exchanges
 
 pytestmark = pytest.mark.swarm
 
 
 @pytest.fixture(scope="module")
 def peers(tmp_path_factory):
-    """Three peers, each with its own DHT (and key: peers in one process share one unless given their own)."""
-    keys = tmp_path_factory.mktemp("keys")
-    first = start_dht(identity_path=str(keys / "0.key"))
-    dhts = [first] + [start_dht([str(m) for m in first.get_visible_maddrs()], identity_path=str(keys / f"{i}.key"))
-                      for i in (1, 2)]
-    exchanges = [Exchange(d, "test_exchange", Admission("test", None, enabled=False)) for d in dhts]
-    yield exchanges
-    for e in exchanges:
-        e.shutdown()
-    for d in dhts:
-        d.shutdown()
+    """Three peers, each with its own DHT."""
+    with exchanges(tmp_path_factory.mktemp("keys"), "test_exchange") as three:
+        yield three
 
 
 def run_all(exchanges, tag, vectors, weights, codec, timeout, skip=(), reducers=None):

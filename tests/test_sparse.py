@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from cotrain.averaging import Admission, Exchange, start_dht
 from cotrain.averaging.allgather import sparse_aggregate, sparse_allgather
 from cotrain.compression import SparseLowBit
 from cotrain.compression.sparse import _HEADER
 from cotrain.config import ConfigError, RunConfig
+from tiny_swarm import exchanges
 
 SIZES = [4 * 64 * 96, 4 * 64, 10_000, 7]  # a matrix, a bias, a tensor with a short last chunk, a tiny one
 
@@ -159,16 +159,8 @@ def test_config_names_the_field():
 # ---- between real peers ----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def peers(tmp_path_factory):
-    keys = tmp_path_factory.mktemp("keys")
-    first = start_dht(identity_path=str(keys / "0.key"))
-    dhts = [first] + [start_dht([str(m) for m in first.get_visible_maddrs()], identity_path=str(keys / f"{i}.key"))
-                      for i in (1, 2)]
-    exchanges = [Exchange(d, "test_sparse", Admission("test", None, enabled=False)) for d in dhts]
-    yield exchanges
-    for e in exchanges:
-        e.shutdown()
-    for d in dhts:
-        d.shutdown()
+    with exchanges(tmp_path_factory.mktemp("keys"), "test_sparse") as three:
+        yield three
 
 
 def gather_all(exchanges, tag, vectors, weights, codec, timeout=20, reducers=None, skip=(), aggregation="mean"):

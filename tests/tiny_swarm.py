@@ -5,11 +5,30 @@ from __future__ import annotations
 
 import json
 import random
+from contextlib import contextmanager
 from pathlib import Path
 
 from cotrain.config import RunConfig
 from cotrain.coordinator.store import Store
 from cotrain.cli.launch import start_coordinator
+
+@contextmanager
+def exchanges(keys: Path, namespace: str, n: int = 3):
+    """``n`` peers in this process, each with its own DHT (and key: peers in one process share one unless given their
+    own) and an :class:`Exchange` that admits everyone; all shut down after the block, exchanges before DHTs."""
+    from cotrain.averaging import Admission, Exchange, start_dht  # hivemind: only for the tests that start peers
+    first = start_dht(identity_path=str(keys / "0.key"))
+    dhts = [first] + [start_dht([str(m) for m in first.get_visible_maddrs()], identity_path=str(keys / f"{i}.key"))
+                      for i in range(1, n)]
+    out = [Exchange(d, namespace, Admission("test", None, enabled=False)) for d in dhts]
+    try:
+        yield out
+    finally:
+        for e in out:
+            e.shutdown()
+        for d in dhts:
+            d.shutdown()
+
 
 WORDS = ("the swarm trains one model together while volunteers come and go and every node averages its "
          "update with its peers so the shared model moves forward round after round").split()

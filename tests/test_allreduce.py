@@ -1,13 +1,11 @@
 """The butterfly all-reduce between real peers: hivemind DHTs and libp2p daemons on 127.0.0.1, in one process."""
 
-import threading
-
 import pytest
 import torch
 
 from cotrain.averaging import AllReduceFailed, butterfly_allreduce
 from cotrain.compression import Int4Blockwise, Int8Blockwise, NoCompression
-from tiny_swarm import exchanges
+from tiny_swarm import exchanges, run_peers
 
 pytestmark = pytest.mark.swarm
 
@@ -30,11 +28,7 @@ def run_all(exchanges, tag, vectors, weights, codec, timeout, skip=(), reducers=
         except AllReduceFailed as e:
             results[i] = e
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(exchanges)) if i not in skip]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 30)
+    run_peers(len(exchanges), one, timeout + 30, skip)
     return results
 
 

@@ -1,7 +1,6 @@
 """The sparse codec (chunked top-k, Rice-coded indices, 2-bit values) and the sparse all-gather between real peers."""
 
 import struct
-import threading
 
 import numpy as np
 import pytest
@@ -11,7 +10,7 @@ from cotrain.averaging.allgather import sparse_aggregate, sparse_allgather
 from cotrain.compression import SparseLowBit
 from cotrain.compression.sparse import _HEADER
 from cotrain.config import ConfigError, RunConfig
-from tiny_swarm import exchanges
+from tiny_swarm import exchanges, run_peers
 
 SIZES = [4 * 64 * 96, 4 * 64, 10_000, 7]  # a matrix, a bias, a tensor with a short last chunk, a tiny one
 
@@ -171,11 +170,7 @@ def gather_all(exchanges, tag, vectors, weights, codec, timeout=20, reducers=Non
         results[i] = sparse_allgather(exchanges[i], tag, group, exchanges[i].peer_id, vectors[i], weights[i], codec,
                                       timeout, aggregation, 2.0, reducers)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(exchanges)) if i not in skip]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 30)
+    run_peers(len(exchanges), one, timeout + 30, skip)
     return results
 
 
@@ -219,11 +214,7 @@ def test_a_malformed_payload_is_dropped_and_named(peers):
     def one(i):
         results[i] = sparse_allgather(peers[i], tag, group, peers[i].peer_id, vectors[i], 1.0, codec, 10)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(40)
+    run_peers(2, one, 40)
     for r in results:
         assert not r.complete and r.contributors == [2, 2, 2]
         assert "malformed" in r.dropped[str(rogue.peer_id)]

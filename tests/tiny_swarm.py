@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,6 +29,16 @@ def exchanges(keys: Path, namespace: str, n: int = 3):
             e.shutdown()
         for d in dhts:
             d.shutdown()
+
+
+def run_peers(count: int, one, join_s: float, skip=()) -> None:
+    """``one(i)`` for every peer i not in ``skip``, each in a thread of its own (the peers of one all-reduce run at
+    once); returns when all have ended or ``join_s`` has passed for each."""
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count) if i not in skip]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_s)
 
 
 WORDS = ("the swarm trains one model together while volunteers come and go and every node averages its "

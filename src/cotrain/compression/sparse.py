@@ -22,7 +22,6 @@ malformed or oversized payload is refused before anything is allocated from it.
 
 from __future__ import annotations
 
-import math
 import struct
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -148,6 +147,10 @@ class SparseLowBit(Codec):
                 picked[r] = t
         return np.concatenate(picked).astype(np.int64) if picked else np.zeros(0, dtype=np.int64)
 
+    def _bin_range(self, vs: np.ndarray) -> float:
+        """r of a tensor's kept values (float64, not empty): the bins span [-r, r]."""
+        return min(self.sigmas * float(np.sqrt(np.mean(vs * vs))), float(np.abs(vs).max()))
+
     def _quantize(self, v: np.ndarray, seg: np.ndarray, segments: int) -> tuple[np.ndarray, np.ndarray]:
         """-> (codes uint, tables float32 (segments, 2**bits))"""
         levels = 1 << self.bits
@@ -158,7 +161,7 @@ class SparseLowBit(Codec):
             vs = v[sel].astype(np.float64)
             if vs.size == 0:
                 continue
-            r = min(self.sigmas * float(np.sqrt(np.mean(vs * vs))), float(np.abs(vs).max()))
+            r = self._bin_range(vs)
             if r <= 0:
                 continue  # all zero: code 0 with a table of zeros
             c = np.clip(np.floor((vs + r) / (2 * r) * levels), 0, levels - 1).astype(np.int64)
@@ -293,7 +296,7 @@ class SparseLowBit(Codec):
             if vs.size == 0:
                 continue
             top = float(np.abs(vs).max())
-            r = min(self.sigmas * float(np.sqrt(np.mean(vs * vs))), top)
+            r = self._bin_range(vs)
             width = 2 * r / (1 << self.bits)
             bound = max(bound, width, top - r + width)
         return bound * (1 + 1e-6) + 1e-12
@@ -312,11 +315,3 @@ def sparse_mean(supports: Sequence[tuple[np.ndarray, np.ndarray]], weights: Sequ
     out = np.divide(total, weight, out=np.zeros_like(total), where=weight > 0)
     return _tensor(out.astype(np.float32))
 
-
-def bits_per_value(codec: SparseLowBit, numel: int) -> float:
-    """Payload bits per value of a typical payload (every gap at its mean): for tables and READMEs."""
-    lay = codec.layout(numel)
-    rice = np.floor(np.log2(np.maximum(lay.lengths // lay.keep, 1)))
-    index_bits = (lay.keep * (rice + 1 + 1.0 / (math.e - 1))).sum() + RICE_FIELD_BITS * len(lay.starts)
-    return float((index_bits + lay.kept * codec.bits + 8 * (4 * (1 << codec.bits) * lay.segments + _HEADER.size + 4))
-                 / numel)

@@ -59,7 +59,7 @@ OUTERS = ("nesterov", "error_feedback")
 
 
 def make_config(args, strategy: str, inner_steps: int, compression: str, steps_per_node: int,
-                outer: str = "nesterov") -> RunConfig:
+                outer: str = "nesterov", overlap: bool = False) -> RunConfig:
     feedback = outer == "error_feedback"
     return lstm_config(
         "comm", args.data, args.hidden, embed_dim=64, layers=args.layers, seq_len=args.seq_len,
@@ -68,7 +68,7 @@ def make_config(args, strategy: str, inner_steps: int, compression: str, steps_p
         averaging={"strategy": strategy, "inner_steps": inner_steps,
                    "outer_lr": args.feedback_lr if feedback else args.outer_lr,
                    "outer_momentum": args.outer_momentum, "outer": outer, "error_decay": args.error_decay,
-                   "error_buffer": args.error_buffer,
+                   "error_buffer": args.error_buffer, "overlap": overlap,
                    # the sparse all-gather averages each position over its senders: mean (this bench's peers are
                    # trusted; clipped_mean is the robust choice), and so do the others here, to compare like with like
                    "aggregation": "mean",
@@ -84,16 +84,16 @@ def count_params(cfg: RunConfig) -> int:
 
 
 def one_run(args, strategy: str, inner_steps: int, compression: str, outer: str = "nesterov",
-            rounds: int = 0) -> dict:
+            rounds: int = 0, overlap: bool = False) -> dict:
     steps_per_node = args.samples // (args.batch_size * args.nodes)
     rounds = rounds or max(1, steps_per_node // inner_steps)
-    cfg = make_config(args, strategy, inner_steps, compression, rounds * inner_steps, outer)
+    cfg = make_config(args, strategy, inner_steps, compression, rounds * inner_steps, outer, overlap)
     run = run_swarm(cfg, args.nodes, ["--max-rounds", str(rounds)])
     sent = [n["bytes_sent"] for n in run.nodes]
     util = [n["compute_s"] / n["wall_s"] for n in run.nodes if n["wall_s"] > 0]
     done = int(run.final["metadata"].get("round", rounds)) if run.final else rounds
     params = count_params(cfg)
-    row = dict(strategy=strategy, H=inner_steps, compression=compression, outer=outer,
+    row = dict(strategy=strategy, H=inner_steps, compression=compression, outer=outer, overlap=overlap,
                bytes_per_node=sum(sent) / len(sent), val_loss=run.metrics["val_loss"], wall_s=run.wall_s,
                compute_utilization=sum(util) / max(1, len(util)), samples=run.samples,
                partial_rounds=sum(n["partial_rounds"] for n in run.nodes), rounds=done, params=params)
@@ -174,7 +174,8 @@ def long_mode(args, parser) -> int:
     write_json(args.json, {"params": params, "samples": args.samples, "error_buffer": args.error_buffer,
                            "feedback_lr": args.feedback_lr,
                            "baseline": {k: base[k] for k in ("bytes_per_node", "val_loss", "wall_s", "rounds",
-                                                             "bits_per_param_per_round", "reused_from")
+                                                             "bits_per_param_per_round", "compute_utilization",
+                                                             "reused_from")
                                         if k in base},
                            "runs": [{k: r[k] for k in keys} for r in runs]})
     return 0
@@ -249,7 +250,8 @@ def main() -> int:
     ok = [r for r in runs if r["bytes_ratio"] >= 1000 and r["val_loss"] <= 1.02 * base["val_loss"]]
     names = ", ".join(f"H={r['H']} {r['compression']}" for r in ok) or "none"
     print(f"\nruns with >= 1000x fewer bytes and val loss within 2% of the baseline: {names}")
-    write_json(args.json, {"baseline": {k: base[k] for k in ("bytes_per_node", "val_loss", "wall_s")},
+    write_json(args.json, {"baseline": {k: base[k] for k in ("bytes_per_node", "val_loss", "wall_s",
+                                                             "compute_utilization")},
                            "runs": [{k: r[k] for k in ("strategy", "H", "compression", "bytes_per_node", "val_loss",
                                                         "wall_s", "compute_utilization", "bytes_ratio")}
                                     for r in runs]})

@@ -52,6 +52,8 @@ class NodeOptions:
     state_download_timeout: float = 30.0
     #: byzantine for benches and tests: the contributions this node sends (cotrain.averaging.attacks)
     attack: str = ""
+    #: for benches and tests of stragglers: seconds of extra "compute" after every local step (a slower machine)
+    step_delay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ FLAGS = (
     Flag("assume_public", bool, "announce the DHT address even when the coordinator cannot dial it", hidden=True),
     Flag("attack", str, "for benches and tests of robust aggregation only: this node sends corrupted updates",
          choices=tuple(ATTACKS)),
+    Flag("step_delay", float, "for benches and tests of stragglers: seconds added to every local step, as on a "
+                              "slower machine", limits=(0, 60), hidden=True),
     Flag("max_cpus", int, "use at most this many CPUs", group="limits", limits=(0, float("inf"))),
     Flag("cpus", str, "run on these CPUs only (e.g. 0,1 or 0-3, as taskset -c); with --max-cpus, the first of them",
          group="limits", metavar="LIST", convert=parse_cpu_list),

@@ -352,6 +352,8 @@ class Node:
             state = model.detach_state(state)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
+            if self.options.step_delay:  # a straggler for benches and tests: counted as compute, like a slow CPU
+                self.stop.wait(self.options.step_delay)
             unit_samples += samples
             self.metrics.update(value, samples, time.monotonic() - compute_started)
             averaging.after_local_step(samples)

@@ -2,10 +2,12 @@
 whether a planned group met."""
 
 import itertools
+import threading
+import time
 
 import pytest
 
-from cotrain.averaging.groups import (MAX_MEETING_BYTES, Meeting, group_key, group_of, meeting_outcome,
+from cotrain.averaging.groups import (MAX_MEETING_BYTES, Meeting, group_key, group_of, hold_meeting, meeting_outcome,
                                       plan_groups)
 
 PEERS = [f"Qm{i:02d}" for i in range(10)]
@@ -76,3 +78,76 @@ def test_a_group_meets_only_when_every_planned_peer_agrees():
         outcome = meeting_outcome("me", mine, members, received, admit_ok)
         assert not outcome.ok and not outcome.meetings, why
         assert "b" in outcome.reason or why in outcome.reason
+
+
+class Board:
+    """An in-memory network for hold_meeting: every peer's published pieces, fetched by key."""
+
+    def __init__(self):
+        self.pieces: dict[tuple[str, str], bytes] = {}
+        self.lock = threading.Condition()
+
+    def transport(self, owner: str) -> "FakeTransport":
+        return FakeTransport(self, owner)
+
+
+class FakeTransport:
+    def __init__(self, board: Board, owner: str):
+        self.board, self.owner = board, owner
+
+    def publish(self, tag, key, data):
+        with self.board.lock:
+            self.board.pieces[(self.owner, key)] = data
+            self.board.lock.notify_all()
+
+    def fetch_many(self, requests, wait_s):
+        deadline = time.monotonic() + wait_s
+        with self.board.lock:
+            while True:
+                got = [self.board.pieces.get((peer, key)) for peer, key in requests]
+                left = deadline - time.monotonic()
+                if all(g is not None for g in got) or left <= 0:
+                    return got
+                self.board.lock.wait(left)
+
+
+def meet_all(plans: dict[str, list[str]], wait_s: float = 2.0, absent=()) -> dict:
+    """Every peer of ``plans`` (peer -> the group it planned) holds its meeting on one board, in its own thread."""
+    board, outcomes = Board(), {}
+
+    def one(me, members):
+        mine = meeting(group=group_key(4, members))
+        peers = {m: m for m in members if m != me}
+        outcomes[me] = hold_meeting(board.transport(me), me, mine, peers, wait_s, wait_s, admit_ok)
+
+    threads = [threading.Thread(target=one, args=item) for item in plans.items() if item[0] not in absent]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return outcomes
+
+
+def test_peers_that_planned_the_same_group_meet_and_go_together():
+    outcomes = meet_all({p: ["a", "b", "c"] for p in "abc"})
+    assert all(o.ok for o in outcomes.values()), outcomes
+    assert all(set(o.meetings) == {"a", "b", "c"} for o in outcomes.values())
+
+
+def test_a_peer_that_saw_another_board_does_not_meet_and_the_others_go_without_it():
+    # c's board showed it a peer the others had not seen yet: a and b planned {a, b}, c planned {a, b, c}
+    outcomes = meet_all({"a": ["a", "b"], "b": ["a", "b"], "c": ["a", "b", "c"]})
+    assert outcomes["a"].ok and outcomes["b"].ok and set(outcomes["a"].meetings) == {"a", "b"}
+    assert not outcomes["c"].ok and "planned another group" in outcomes["c"].reason
+
+
+def test_nobody_goes_when_a_planned_peer_does_not_come():
+    outcomes = meet_all({p: ["a", "b", "c"] for p in "abc"}, wait_s=0.5, absent={"c"})
+    assert set(outcomes) == {"a", "b"} and not any(o.ok for o in outcomes.values())
+    assert all("did not come" in o.reason for o in outcomes.values())
+
+
+def test_a_groupmate_whose_meeting_failed_stops_the_others():
+    # a's and b's meetings agree, but c reached them planning another group and says so: nobody of {a,b,c} goes
+    outcomes = meet_all({"a": ["a", "b", "c"], "b": ["a", "b", "c"], "c": ["a", "b", "c", "d"]}, wait_s=0.5)
+    assert not any(o.ok for o in outcomes.values()), outcomes

@@ -23,6 +23,10 @@ pytestmark = pytest.mark.swarm
 ROGUE = Path(__file__).with_name("rogue_peer.py")
 MODES = ("none", "other_key", "expired", "revoked")
 ROUNDS = 14
+#: seconds each member's local step takes at least: with groups formed from the progress board a round costs
+#: milliseconds, and members this fast would finish their rounds before the rogues' last attempts (made up to ~30 s
+#: after the revocation), leaving nobody to refuse them
+STEP_DELAY = 0.3
 
 
 def test_rogue_peers_get_nothing_and_members_train_on(tmp_path, corpus_file):
@@ -32,7 +36,8 @@ def test_rogue_peers_get_nothing_and_members_train_on(tmp_path, corpus_file):
     store = Store(coordinator.state_dir)
     tokens = {mode: store.create_token(f"mallory-{mode}") for mode in ("expired", "revoked")}
     members = [start_node(coordinator.address, coordinator.token, f"member-{i}", tmp_path / f"member-{i}",
-                          extra=["--max-rounds", str(ROUNDS), "--threads", "1", "--wait-peers", "2"])
+                          extra=["--max-rounds", str(ROUNDS), "--threads", "1", "--wait-peers", "2",
+                                 "--step-delay", str(STEP_DELAY)])
                for i in range(2)]
     rogues, logs = {}, []
     client = CoordinatorClient(coordinator.address, insecure=True)

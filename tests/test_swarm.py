@@ -37,7 +37,8 @@ def assert_learned(cfg, state):
 
 
 MODELS = {
-    "lstm": {},
+    # rounds averaged in the background while the nodes train on (one outer step of delay)
+    "lstm_overlap": {"averaging": {"overlap": True}},
     # SparseLoCo's codec and outer error feedback, robustly averaged; 16 of 64 (not 64 of 4096) so that the few
     # rounds of this test move a tiny model far enough to show it learned
     "gru_sparse": {"model": {"kind": "gru"}, "compression": {"kind": "sparse", "sparse_chunk": 64, "sparse_topk": 16},
@@ -48,9 +49,10 @@ MODELS = {
                  "optimizer": {"kind": "root"}},
     "mingru_muon": {"model": {"kind": "mingru", "hidden_size": 32, "mlp_ratio": 1}, "optimizer": {"kind": "muon"}},
     # sync shares the optimizer's state: LAMB's moments and step counts travel and stay identical. LAMB moves each
-    # weight by about lr of its norm a step, so the 4 steps of this test need more than AdamW's lr
-    "sync_int8_lamb": {"averaging": {"strategy": "sync", "inner_steps": 2}, "compression": {"kind": "int8"},
-                       "optimizer": {"kind": "lamb", "lr": 0.05}},
+    # weight by about lr of its norm a step, so the 4 steps of this test need more than AdamW's lr. With overlap
+    # each round's gradients are applied one round late
+    "sync_int8_lamb_overlap": {"averaging": {"strategy": "sync", "inner_steps": 2, "overlap": True},
+                               "compression": {"kind": "int8"}, "optimizer": {"kind": "lamb", "lr": 0.05}},
     "diloco_powersgd": {"compression": {"kind": "powersgd", "powersgd_rank": 8}},
     "mdn_rnn": {"model": {"kind": "mdn_rnn", "hidden_size": 32, "num_mixtures": 3},
                 "env": {"id": "Pendulum-v1", "episodes": 16, "horizon": 20, "eval_episodes": 16}},

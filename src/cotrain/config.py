@@ -217,14 +217,18 @@ class AveragingConfig(_Section):
     #: "separate" +5.6% at 2 (+6.9% at 1); LSTM 2x512, "model" -4.3% at outer_lr 2. SparseLoCo ran "separate"
     #: over thousands of rounds. With outer = "error_feedback" set outer_lr to about 2: 0.7 is Nesterov's.
     error_buffer: Literal["model", "separate"] = "model"
-    #: how a round's group forms. "matchmaking": hivemind's, which waits up to matchmaking_time every round (and
-    #: less once target_group_size peers are there). "board" (experimental): every peer computes the same groups
-    #: from the progress board (cotrain.averaging.groups), goes to the round's meeting when it took its H steps, and
-    #: the all-reduce starts a round trip after the last groupmate got there (rounds 3x shorter on loopback,
-    #: bench/rounds.py); when views disagree, or two planned members are behind NAT (they cannot fetch each
-    #: other's meeting), it falls back to matchmaking. Not yet the default: the rogue-peer test's members finish
-    #: their rounds before the rogues' late attempts with it, so that test has to change first.
-    group_formation: Literal["board", "matchmaking"] = "matchmaking"
+    #: how a round's group forms. "board": every peer computes the same groups from the progress board
+    #: (cotrain.averaging.groups), goes to the round's meeting when it took its H steps, and the all-reduce starts a
+    #: round trip after the last groupmate got there (rounds 3x shorter on loopback, bench/rounds.py); when views
+    #: disagree, or two planned members are behind NAT (they cannot fetch each other's meeting), it falls back to
+    #: matchmaking. "matchmaking": hivemind's, which waits up to matchmaking_time every round (and less once
+    #: target_group_size peers are there).
+    group_formation: Literal["board", "matchmaking"] = "board"
+    #: average each round in the background while the node takes the next round's local steps, and apply the
+    #: result when it arrives (one outer step of delay, as in eager updates / Streaming DiLoCo; sync applies each
+    #: step's averaged gradients one step late). Hides the meeting and the all-reduce behind compute; a round that
+    #: fails gives the node back its work, as without overlap. See cotrain.averaging.overlap
+    overlap: bool = False
     #: seconds peers wait for each other when forming a group (the board's meeting, or hivemind's matchmaking,
     #: which always waits this long). Longer gathers more stragglers into a round but idles the fast ones; on a LAN
     #: 2-3 s is plenty, across the internet 5-10 s.

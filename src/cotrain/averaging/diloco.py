@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from cotrain.averaging.overlap import carry_local_progress
 from cotrain.averaging.rounds import RoundAverager
 
 
@@ -56,14 +57,18 @@ class DiLoCo(RoundAverager):
     def contribution(self):
         return [g.detach().cpu() - p.detach().cpu() for g, p in zip(self.global_params, self.params)]
 
-    def apply(self, average) -> None:
+    def apply(self, average, carried=None) -> None:
+        old_global = [g.clone() for g in self.global_params] if carried is not None else None
         for g, d in zip(self.global_params, average):
             g.grad = d.to(g.device, g.dtype).clone()
         self.outer.step()
         self.outer.zero_grad(set_to_none=True)
         residual, self.residual = self.residual, None
+        if carried is not None:  # overlap: the local steps taken since the contribution was sent are kept
+            carry_local_progress(self.params, old_global, self.global_params, carried)
         for i, (p, g) in enumerate(zip(self.params, self.global_params)):
-            p.copy_(g)
+            if carried is None:
+                p.copy_(g)
             if residual is not None:
                 p.sub_(residual[i].to(p.device, p.dtype), alpha=self.feedback_decay)
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import threading
+import time
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 #: a meeting message is a few hundred bytes; anything larger is not one
 MAX_MEETING_BYTES = 4096
@@ -115,3 +117,53 @@ def meeting_outcome(me: str, mine: Meeting, members: Sequence[str], received: Ma
             return Outcome(False, f"peer {peer[-8:]} has no valid credential", {})
         meetings[peer] = meeting
     return Outcome(True, f"all {len(members)} planned peers met", meetings)
+
+
+class Transport(Protocol):
+    """What a meeting needs of the network (:class:`cotrain.averaging.exchange.Exchange` in a node; an in-memory fake
+    in unit tests): publish a piece under a key, fetch pieces from peers."""
+
+    def publish(self, tag: str, key: str, data: bytes) -> None: ...
+
+    def fetch_many(self, requests: Sequence[tuple[Any, str]], wait_s: float) -> list[Optional[bytes]]: ...
+
+
+def fetch_until(transport: Transport, peers: Mapping[str, Any], key: str, wait_s: float,
+                stop: Optional[threading.Event] = None, retry_s: float = 0.1) -> dict[str, Optional[bytes]]:
+    """``key`` from every peer (id -> transport address), trying again whoever did not answer until ``wait_s`` has
+    passed: a peer reachable only over a connection it opens (behind NAT) answers once it has come to the round."""
+    stop = stop or threading.Event()
+    deadline = time.monotonic() + wait_s
+    received: dict[str, Optional[bytes]] = {}
+    while True:
+        missing = [name for name in peers if received.get(name) is None]
+        left = deadline - time.monotonic()
+        if not missing or left <= 0 or stop.is_set():
+            return received
+        got = transport.fetch_many([(peers[name], key) for name in missing], wait_s=left)
+        received.update(zip(missing, got))
+        if any(g is None for g in got):
+            stop.wait(min(retry_s, max(0.0, deadline - time.monotonic())))
+
+
+def hold_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[str, Any], wait_s: float,
+                 go_wait_s: float, admitted: Callable[[str, bytes], bool],
+                 stop: Optional[threading.Event] = None) -> Outcome:
+    """This peer's side of a board group's meeting: publish ``mine``, fetch every planned groupmate's (``peers``: id
+    -> transport address, ``me`` excluded) for up to ``wait_s``, decide (:func:`meeting_outcome`), then say whether
+    it met and hear the others say it (up to ``go_wait_s``). The group goes only when all did, so that a peer whose
+    fetch failed (a groupmate it could not reach yet) does not fall back to matchmaking while the others start
+    without it. Published under the round's tag once a round: a groupmate never reads a stale answer."""
+    tag = f"meet-r{mine.round}"
+    transport.publish(tag, f"{tag}/meeting", mine.encode())
+    received = fetch_until(transport, peers, f"{tag}/meeting", wait_s, stop)
+    outcome = meeting_outcome(me, mine, [me, *peers], received, admitted)
+    transport.publish(tag, f"{tag}/go", b"1" if outcome.ok else b"0")
+    if not outcome.ok:
+        return outcome
+    answers = transport.fetch_many([(peers[p], f"{tag}/go") for p in peers], wait_s=go_wait_s)
+    for peer, answer in zip(peers, answers):
+        if answer != b"1":
+            return Outcome(False, f"peer {peer[-8:]} did not meet the others "
+                                  f"({'no answer' if answer is None else 'its meeting failed'})", {})
+    return outcome

@@ -17,13 +17,13 @@ of one round meet), run a butterfly all-reduce of their compressed contributions
 from __future__ import annotations
 
 import abc
-import collections
 import hashlib
 import logging
 import multiprocessing as mp
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -37,7 +37,9 @@ from cotrain.averaging.attacks import make_attack
 from cotrain.averaging.allgather import sparse_allgather
 from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag
 from cotrain.averaging.exchange import Exchange, UploadLimiter
-from cotrain.averaging.groups import Meeting, Outcome, group_key, group_of, meeting_outcome, plan_groups
+from cotrain.averaging.groups import Meeting, group_key, group_of, hold_meeting, plan_groups
+from cotrain.averaging.outcome import Kind, RoundResult, members_of, others_samples, round_outcome
+from cotrain.averaging.overlap import PendingRound
 from cotrain.averaging.robust import build_aggregator
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, live_peers,
                                         round_decision, round_peers)
@@ -152,6 +154,10 @@ class RoundAverager(abc.ABC):
         self._met_round = -1
         self._last_group: set[str] = set()  # who averaged the round before this one
         self.stats = RoundStats()
+        #: averaging.overlap: rounds run on this worker thread while the node trains on; one at a time
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="round") if cfg.overlap else None
+        self._pending: Optional[PendingRound] = None
+        self._meeting_failed = ""  # why the last board meeting did not happen (the averaging thread's)
         self.rules = RoundRules(cfg.inner_steps, cfg.round_wait, stale_after=3 * cfg.progress_interval + 1.0)
         self.admission = admission
         self.board = ProgressBoard(dht, run_id, ttl=self.rules.stale_after, admission=admission,
@@ -191,7 +197,9 @@ class RoundAverager(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def apply(self, average: list[torch.Tensor]) -> None:
+    def apply(self, average: list[torch.Tensor], carried: Optional[list[torch.Tensor]] = None) -> None:
+        """Apply the group's average. ``carried``: with overlap, the contribution the average is of, taken before
+        the local steps since (see :mod:`cotrain.averaging.overlap`); None when the round ended here and now."""
         ...
 
     def discard_round(self) -> None:
@@ -338,6 +346,12 @@ class RoundAverager(abc.ABC):
         now = time.time()
         if self.steps_in_round >= self.cfg.inner_steps and self.reached_h_at is None:
             self.reached_h_at = now
+        pending = self._pending
+        if pending is not None:
+            if not pending.future.done() and self.steps_in_round < self.cfg.inner_steps:
+                return None  # the round's all-reduce runs on while we train
+            self._finish_round(pending, self._result_of(pending))  # waits once the next round's steps are taken
+            now = time.time()
         if now < self.retry_at:
             return None
         decision = round_decision(now, self.progress(), self._peers, self.rules, self.reached_h_at)
@@ -381,8 +395,9 @@ class RoundAverager(abc.ABC):
             self.retry_at = time.time() + self.cfg.matchmaking_time
 
     def _average(self, early: bool = False) -> None:
-        """``early``: the meeting of a peer that just took its H steps; if the round's peers do not all come, train
-        on (no matchmaking, no retry delay)."""
+        """End the round: average this peer's contribution with a group (in the background with
+        ``averaging.overlap``). ``early``: the meeting of a peer that just took its H steps; if the round's peers do
+        not all come, train on (no matchmaking, no retry delay)."""
         contribution = self.contribution()
         peers_here = [p for p in live_peers(time.time(), self.progress(), self._peers, self.rules)
                       if p.round == self.round]
@@ -391,137 +406,152 @@ class RoundAverager(abc.ABC):
             return
         self.phase = "average"
         self.board.publish(self.progress(self.phase))
-        try:
-            ok = self._average_with_group(contribution, len(peers_here) + 1, early)
-        finally:
-            self.phase = "train"
-        if ok is None:  # an early meeting that did not fill: train on, round_decision decides when to try again
+        launch = PendingRound(self.round, self.steps_in_round, self.samples_in_round, self.reached_h_at,
+                              contribution, early, seen=len(peers_here) + 1)
+        if self._worker is None:
+            self._finish_round(launch, self._run_round(launch))
             return
-        if not ok:
-            self.retry_at = time.time() + self.cfg.matchmaking_time
+        launch.held = self.hold_round()
+        self._start_round(mid_round=False)
+        launch.future = self._worker.submit(self._run_round, launch)
+        self._pending = launch
 
-    def _round_failed(self, why: str) -> bool:
-        """A round that could not average: said in the log and in the node's status line; -> False."""
-        self.stats.last_reason = f"round {self.round}: {why}; training on and retrying"
+    def _average_with_group(self, contribution: list[torch.Tensor], seen: int, early: bool = False) -> RoundResult:
+        """One round with a group, here and now (no overlap), from ``contribution`` and this round's counters."""
+        launch = PendingRound(self.round, self.steps_in_round, self.samples_in_round, self.reached_h_at,
+                              contribution, early, seen)
+        result = self._run_round(launch)
+        self._finish_round(launch, result)
+        return result
+
+    def _result_of(self, pending: PendingRound) -> RoundResult:
+        try:
+            return pending.future.result()
+        except Exception as e:  # noqa: BLE001 - a bug in the round's thread: the round fails, the node goes on
+            logger.error("round %d: the averaging thread failed", pending.round, exc_info=e)
+            return RoundResult(Kind.FAILED, f"the averaging thread failed ({e!r})")
+
+    def _finish_round(self, launch: PendingRound, result: RoundResult) -> None:
+        """Act on a round's result, on the main thread, between two local steps."""
+        overlapped = launch.future is not None
+        self._pending = None
+        self.phase = "train"
+        if result.kind in (Kind.APPLY, Kind.RESYNC):
+            self.samples_total += result.others_samples
+            if result.partial:
+                self.stats.partial_rounds += 1
+                logger.warning("round %d: %s", launch.round, result.reason)
+        if result.kind is Kind.APPLY:
+            self._apply_and_advance(result.average, result.group_size,
+                                    carried=launch.contribution if overlapped else None)
+            self._last_group = set(result.group)
+            self.stats.rounds_completed += 1
+            if result.from_board:
+                self.stats.groups_from_board += 1
+            else:
+                self.stats.groups_matchmade += 1
+            return
+        if result.kind is Kind.RESYNC:
+            logger.warning("round %d: %s", launch.round, result.reason)
+            self._resync()
+            return
+        if overlapped:  # the round did not happen: the node takes back what it had set aside for it
+            self.steps_in_round, self.samples_in_round, self.reached_h_at = launch.give_back(
+                self.steps_in_round, self.samples_in_round, self.reached_h_at)
+            self.give_back_round(launch.held)
+        if result.kind is Kind.UNFILLED:
+            logger.info("round %d: the board's group did not meet (%s); training on", launch.round, result.reason)
+            return
+        self.stats.last_reason = f"round {launch.round}: {result.reason}; training on and retrying"
         logger.warning("%s", self.stats.last_reason)
-        return False
+        self.retry_at = time.time() + self.cfg.matchmaking_time
 
-    def _meet(self) -> Optional[tuple[list, dict]]:
+    def hold_round(self):
+        """Overlap: set aside what the round's contribution was taken from, for :meth:`give_back_round` should the
+        round not happen (sync: its accumulated gradients). -> whatever the strategy needs back."""
+        return None
+
+    def give_back_round(self, held) -> None:
+        """Overlap: the round did not happen; merge back what :meth:`hold_round` set aside."""
+
+    def _meet(self, launch: PendingRound) -> Optional[tuple[list, dict]]:
         """Form this round's group from the progress board (cotrain.averaging.groups): plan the groups of the peers
         at this round, publish our meeting, fetch our planned groupmates'. -> (group, info by peer id) when they all
         agree; None when they do not (the caller falls back to hivemind's matchmaking)."""
         members = self._board_group(time.time())
-        self._met_round = self.round
+        self._met_round = launch.round
+        self._meeting_failed = "no group of two on the board"
         if members is None:
             return None
-        mine = Meeting(self.round, group_key(self.round, members), self.samples_in_round, self._hash,
+        mine = Meeting(launch.round, group_key(launch.round, members), launch.samples, self._hash,
                        not self.client_mode, self.admission.credential())
-        tag = f"meet-r{self.round}"
-        self.exchange.publish(tag, f"{tag}/meeting", mine.encode())
         others = [m for m in members if m != self.peer_id]
         try:
-            peers = [PeerID.from_base58(m) for m in others]
+            peers = {m: PeerID.from_base58(m) for m in others}
         except ValueError:  # the board's records were checked when read: a bug worth seeing
-            logger.warning("round %d: a planned groupmate has no valid peer id; matchmaking instead", self.round)
+            logger.warning("round %d: a planned groupmate has no valid peer id; matchmaking instead", launch.round)
             return None
-        received = self._fetch_until(dict(zip(others, peers)), f"{tag}/meeting", self.cfg.matchmaking_time)
 
         def admitted(peer: str, cred: bytes) -> bool:
             return self.admission.check(cred, peer, "a place in an averaging group").ok
 
-        outcome = meeting_outcome(self.peer_id, mine, members, received, admitted)
-        # then everyone says whether it met: the group goes only when all did, so that a peer whose fetch failed
-        # (a groupmate it could not reach yet) does not fall back to matchmaking while the others start without it
-        self.exchange.publish(tag, f"{tag}/go", b"1" if outcome.ok else b"0")
-        if outcome.ok:
-            answers = self.exchange.fetch_many([(p, f"{tag}/go") for p in peers], wait_s=self.cfg.request_timeout)
-            if any(answer != b"1" for answer in answers):
-                outcome = Outcome(False, "a planned groupmate did not meet the others", {})
+        outcome = hold_meeting(self.exchange, self.peer_id, mine, peers, self.cfg.matchmaking_time,
+                               self.cfg.request_timeout, admitted, self._stop)
         if not outcome.ok:
-            logger.info("round %d: the board's group did not meet (%s)", self.round, outcome.reason)
+            self._meeting_failed = outcome.reason
+            logger.info("round %d: the board's group did not meet (%s)", launch.round, outcome.reason)
             return None
         info = {peer: dict(round=m.round, samples=m.samples, hash=m.hash, reducer=m.reducer)
                 for peer, m in outcome.meetings.items()}
-        group = sorted([PeerID.from_base58(self.peer_id), *peers], key=str)
+        group = sorted([PeerID.from_base58(self.peer_id), *peers.values()], key=str)
         return group, info
 
-    def _fetch_until(self, peers: dict, key: str, wait_s: float) -> dict[str, Optional[bytes]]:
-        """``key`` from every peer (id -> PeerID), trying again whoever did not answer until ``wait_s`` has passed:
-        a peer reachable only over a connection it opens (behind NAT) answers once it has come to the round."""
-        deadline = time.monotonic() + wait_s
-        received: dict[str, Optional[bytes]] = {}
-        while True:
-            missing = [name for name in peers if received.get(name) is None]
-            left = deadline - time.monotonic()
-            if not missing or left <= 0:
-                return received
-            got = self.exchange.fetch_many([(peers[name], key) for name in missing], wait_s=left)
-            received.update(zip(missing, got))
-            if any(g is None for g in got):
-                self._stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
-
-    def _matchmake(self, weight: float) -> Optional[tuple[list, dict]]:
-        """hivemind's matchmaking (it waits matchmaking_time for followers). -> (admitted group, info by peer id),
-        or None after saying why the round failed."""
+    def _matchmake(self, weight: float, launch: PendingRound) -> tuple[Optional[tuple[list, dict]], str]:
+        """hivemind's matchmaking (it waits matchmaking_time for followers). -> ((admitted group, info by peer id),
+        "") or (None, why the round failed)."""
         # hivemind reshuffles the group key after every group it assembles; ours must be this round's, every time
-        self.averager.set_group_bits(round_group_bits(self.round), wait=True)
+        self.averager.set_group_bits(round_group_bits(launch.round), wait=True)
         try:
             gathered = self.averager.step(
-                weight=weight, gather=dict(round=self.round, samples=self.samples_in_round, hash=self._hash,
+                weight=weight, gather=dict(round=launch.round, samples=launch.samples, hash=self._hash,
                                            cred=self.admission.credential(), reducer=not self.client_mode),
                 timeout=self.cfg.matchmaking_time * 2 + self.cfg.request_timeout, allow_retries=False)
         except Exception as e:  # noqa: BLE001 - hivemind raises many kinds here; each costs only this round
-            self._round_failed(f"matchmaking failed ({e!r})")
-            return None
+            return None, f"matchmaking failed ({e!r})"
         if not gathered:
-            self._round_failed("no group formed")
-            return None
+            return None, "no group formed"
         info = {str(k): v for k, v in gathered.items() if isinstance(v, dict)}
         group = sorted(admitted_group(gathered, info, self.peer_id, self.admission), key=str)
         info = {k: v for k, v in info.items() if k in {str(p) for p in group}}
-        return group, info
+        return (group, info), ""
 
-    def _average_with_group(self, contribution: list[torch.Tensor], seen: int, early: bool = False) -> Optional[bool]:
-        """-> True when the round averaged (or resynced), False when it failed, None for an early meeting that did
-        not fill."""
-        weight = float(max(1, self.samples_in_round))
-        formed = self._meet() if self.cfg.group_formation == "board" and self._met_round != self.round else None
+    def _run_round(self, launch: PendingRound) -> RoundResult:
+        """Form the round's group and run its all-reduce (on the averaging thread with overlap): everything but
+        changing the model, which the main thread does with the result (:meth:`_finish_round`)."""
+        weight = float(max(1, launch.samples))
+        formed = (self._meet(launch) if self.cfg.group_formation == "board" and self._met_round != launch.round
+                  else None)
         from_board = formed is not None
-        if formed is None and early:
-            return None
+        if formed is None and launch.early:
+            return RoundResult(Kind.UNFILLED, self._meeting_failed or "the planned group did not meet")
         if formed is None:
-            formed = self._matchmake(weight)
+            formed, why = self._matchmake(weight, launch)
             if formed is None:
-                return False
+                return RoundResult(Kind.FAILED, why)
         group, info = formed
         if len(group) < 2:
-            return self._round_failed("no admitted groupmate")
-        hashes = collections.Counter(v.get("hash") for v in info.values())
-        majority = max(hashes.items(), key=lambda kv: (kv[1], str(kv[0])))[0]
-        tag = group_tag(f"r{self.round}", [str(p) for p in group])
+            return RoundResult(Kind.FAILED, "no admitted groupmate")
+        tag = group_tag(f"r{launch.round}", [str(p) for p in group])
         me = next(p for p in group if str(p) == self.peer_id)
         reducers = [info.get(str(p), {}).get("reducer", True) is not False for p in group]
         try:
-            average, complete = self._allreduce(contribution, tag, group, me, weight, reducers)
+            average, complete = self._allreduce(launch.contribution, tag, group, me, weight, reducers)
         except AllReduceFailed as e:
-            return self._round_failed(f"all-reduce failed ({e})")
-        if not complete or len(group) < seen:
-            self.stats.partial_rounds += 1
-            logger.warning("round %d averaged %s of the %d peers seen at this round", self.round,
-                           "fewer contributions" if not complete else len(group), seen)
-        self.samples_total += sum(int(v.get("samples", 0)) for k, v in info.items() if k != self.peer_id)
-        if self._hash != majority:
-            logger.warning("round %d: our shared state differs from the group's; downloading it", self.round)
-            self._resync()
-            return True
-        self._apply_and_advance(average, len(group))
-        self._last_group = {str(p) for p in group if str(p) != self.peer_id}
-        self.stats.rounds_completed += 1
-        if from_board:
-            self.stats.groups_from_board += 1
-        else:
-            self.stats.groups_matchmade += 1
-        return True
+            return RoundResult(Kind.FAILED, f"all-reduce failed ({e})")
+        info.setdefault(self.peer_id, dict(hash=self._hash, samples=launch.samples))
+        kind, partial, reason = round_outcome(self.peer_id, self._hash, info, complete, launch.seen)
+        return RoundResult(kind, reason, average, len(group), partial, others_samples(self.peer_id, info),
+                           members_of(group, self.peer_id), from_board)
 
     def _allreduce(self, contribution: list[torch.Tensor], tag: str, group, me, weight: float,
                    reducers: Sequence[bool]):
@@ -568,18 +598,31 @@ class RoundAverager(abc.ABC):
                 logger.warning("round %d: dropped the contribution of peer %s: %s", self.round, peer[-8:], why)
                 self.stats.flagged[peer] = why
 
-    def _apply_and_advance(self, average: list[torch.Tensor], group_size: int) -> None:
+    def _apply_and_advance(self, average: list[torch.Tensor], group_size: int,
+                           carried: Optional[list[torch.Tensor]] = None) -> None:
+        """``carried``: with overlap, the contribution the average is of; the local steps taken since are kept (the
+        round's counters already count them)."""
         with torch.no_grad(), self._lock:
-            self.apply(average)
+            self.apply(average, carried)
             self.round += 1
         self._hash = self._shared_hash()
         logger.info("round %d done with %d peer(s): now at round %d (state %s)", self.round - 1, group_size,
                     self.round, self._hash)
         self.stats.last_group_size = group_size
         self.stats.history.append((self.round - 1, group_size))
-        self._start_round(mid_round=False)
+        if carried is None:
+            self.discard_round()
+            self._start_round(mid_round=False)
 
     def shutdown(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:  # let the groupmates have our part of a round in flight; its result is dropped
+            try:
+                pending.future.result(timeout=self.cfg.allreduce_timeout)
+            except Exception:  # noqa: BLE001 - late or failed: the groupmates leave it out, as for any late peer
+                pass
+        if self._worker is not None:
+            self._worker.shutdown(wait=False, cancel_futures=True)
         self._stop.set()
         self._publisher.join(timeout=5)
         try:  # tell the peers at once that we are gone, rather than letting our record expire

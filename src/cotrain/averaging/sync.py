@@ -36,13 +36,25 @@ class SyncAveraging(RoundAverager):
         n = max(1, self.micro_batches)
         return [g.detach().cpu() / n for g in self.grad_sum]
 
-    def apply(self, average) -> None:
+    def apply(self, average, carried=None) -> None:
+        # with overlap (carried), the gradients accumulated since the round's were taken stay for the next round
         for p, g in zip(self.params, average):
             p.grad = g.to(p.device, p.dtype).clone()
         torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.discard_round()
+
+    def hold_round(self):
+        held = (self.grad_sum, self.micro_batches)
+        self.grad_sum = [torch.zeros_like(g) for g in held[0]]
+        self.micro_batches = 0
+        return held
+
+    def give_back_round(self, held) -> None:
+        grads, micro_batches = held
+        for acc, g in zip(self.grad_sum, grads):
+            acc.add_(g)
+        self.micro_batches += micro_batches
 
     def discard_round(self) -> None:
         for g in self.grad_sum:

@@ -1,0 +1,67 @@
+"""What became of a round, as plain values: :class:`RoundResult` (apply the average, resync, failed, or an early
+meeting that did not fill) and :func:`round_outcome`, the pure decision between applying and resyncing once the
+group's all-reduce is done. The network side (:mod:`cotrain.averaging.rounds`) produces a result; the node's main
+thread acts on it, so a round averaged in the background (``averaging.overlap``) changes the model only between
+two local steps."""
+
+from __future__ import annotations
+
+import collections
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+
+class Kind(enum.Enum):
+    APPLY = "apply"  # the group averaged: apply the average and go to the next round
+    RESYNC = "resync"  # the group averaged, but our shared state differs from the group's: download it
+    FAILED = "failed"  # no group, or the all-reduce failed: train on and retry after a pause
+    UNFILLED = "unfilled"  # an early meeting that not every planned peer came to: train on, no pause
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    kind: Kind
+    reason: str
+    average: Optional[list] = None  # APPLY: the averaged contribution, shaped like ours
+    group_size: int = 0
+    partial: bool = False  # fewer contributions than the peers seen at the round
+    others_samples: int = 0  # samples the groupmates trained on in the round
+    group: frozenset = field(default_factory=frozenset)  # the groupmates (ourselves excluded)
+    from_board: bool = False  # the group formed from the progress board (else by hivemind's matchmaking)
+
+
+def round_outcome(me: str, my_hash: str, info: Mapping[str, Mapping], complete: bool, seen: int) -> tuple[Kind, bool, str]:
+    """After a group's all-reduce: apply, or resync because our shared state is not the group's (the majority of
+    the members' state hashes, ties broken by the hash so every member picks the same), and whether the round was
+    partial. ``info``: member id -> what it said at the meeting (``hash``, ``samples``), ourselves included;
+    ``complete``: every contribution arrived; ``seen``: peers at this round on the board, ourselves included.
+    -> (kind, partial, reason in words)."""
+    hashes = collections.Counter(str(v.get("hash")) for v in info.values())
+    majority, votes = max(hashes.items(), key=lambda kv: (kv[1], kv[0]))
+    size = len(info)
+    partial = not complete or size < seen
+    if my_hash != majority:
+        return Kind.RESYNC, partial, (f"our shared state {my_hash} differs from the group's ({votes} of {size} "
+                                      f"members hold {majority}): downloading it")
+    if not complete:
+        return Kind.APPLY, True, f"averaged with {size - 1} peer(s), some contributions left out"
+    if size < seen:
+        return Kind.APPLY, True, f"averaged {size} of the {seen} peers seen at this round"
+    return Kind.APPLY, False, f"averaged with {size - 1} peer(s)"
+
+
+def others_samples(me: str, info: Mapping[str, Mapping]) -> int:
+    """Samples the groupmates trained on in the round (what they said at the meeting; bounded per member)."""
+    total = 0
+    for peer, said in info.items():
+        if peer != me:
+            try:
+                total += max(0, min(int(said.get("samples", 0)), 1 << 40))
+            except (TypeError, ValueError):
+                continue
+    return total
+
+
+def members_of(group: Sequence, me: str) -> frozenset:
+    return frozenset(str(p) for p in group if str(p) != me)

@@ -1,0 +1,53 @@
+"""Bookkeeping of a round averaged in the background while the node trains on (``averaging.overlap``, one outer
+step of delay, as in "eager updates" and Streaming DiLoCo).
+
+At the round's end the node takes its contribution and counters (:class:`PendingRound`), hands the group's
+meeting and all-reduce to a worker thread, and goes on with the next round's local steps; its counters restart
+from zero. When the result arrives (checked after every local step, waited for once the next round's steps are
+taken too) the main thread applies it between two steps:
+
+- DiLoCo: the global parameters take the outer step as without overlap, and the local model keeps what it
+  learned since the contribution was taken: ``local += new_global - old_global + sent``
+  (:func:`carry_local_progress`), so the next pseudo-gradient is all the progress since the new global state;
+- sync: the optimizer steps with the averaged gradients (one step late), and the gradients accumulated meanwhile
+  stay for the next round.
+
+A round that fails or does not fill gives the node back what it took (:meth:`PendingRound.give_back`): its
+counters, and for sync the gradients it had accumulated, and the next round sends everything since the last
+applied one, as without overlap.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+
+
+@dataclass
+class PendingRound:
+    round: int
+    steps: int  # local steps the contribution holds
+    samples: int  # samples they trained on (the contribution's weight)
+    reached_h_at: Optional[float]
+    contribution: list  # what the node sends, taken at the round's end
+    early: bool  # a meeting at once after the H-th step: if it does not fill, train on with no pause
+    seen: int  # peers at this round on the board, ourselves included
+    held: Any = None  # what the strategy took aside for this round (sync: its accumulated gradients)
+    future: Optional[Future] = field(default=None, repr=False)
+
+    def give_back(self, steps: int, samples: int, reached_h_at: Optional[float]) -> tuple[int, int, Optional[float]]:
+        """The counters of a node whose round did not happen, given its counters since the round's end: the round
+        goes on as if it had never been launched."""
+        return self.steps + steps, self.samples + samples, self.reached_h_at or reached_h_at
+
+
+def carry_local_progress(local: Sequence[torch.Tensor], old_global: Sequence[torch.Tensor],
+                         new_global: Sequence[torch.Tensor], sent: Sequence[torch.Tensor]) -> None:
+    """DiLoCo with overlap: move the local model to the new global parameters while keeping what it learned since
+    its contribution ``sent = old_global - local_then`` was taken: ``local = new_global + (local - local_then)``."""
+    with torch.no_grad():
+        for p, old, new, d in zip(local, old_global, new_global, sent):
+            p.add_((new - old).to(p.device, p.dtype) + d.to(p.device, p.dtype))

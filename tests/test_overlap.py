@@ -1,0 +1,56 @@
+"""A round's outcome and the overlap's bookkeeping as pure logic (cotrain.averaging.outcome, .overlap)."""
+
+import torch
+
+from cotrain.averaging.outcome import Kind, others_samples, round_outcome
+from cotrain.averaging.overlap import PendingRound, carry_local_progress
+
+
+def info(**hashes):
+    return {peer: {"hash": h, "samples": 10} for peer, h in hashes.items()}
+
+
+def test_a_complete_round_of_everyone_seen_applies():
+    assert round_outcome("me", "x", info(me="x", a="x", b="x"), complete=True, seen=3)[:2] == (Kind.APPLY, False)
+
+
+def test_a_round_is_partial_when_a_contribution_or_a_peer_seen_is_missing():
+    kind, partial, reason = round_outcome("me", "x", info(me="x", a="x"), complete=True, seen=3)
+    assert (kind, partial) == (Kind.APPLY, True) and "2 of the 3" in reason
+    assert round_outcome("me", "x", info(me="x", a="x"), complete=False, seen=2)[:2] == (Kind.APPLY, True)
+
+
+def test_a_peer_whose_state_is_not_the_groups_majority_resyncs_and_ties_pick_the_same_state_everywhere():
+    assert round_outcome("me", "y", info(me="y", a="x", b="x"), True, 3)[0] is Kind.RESYNC
+    assert round_outcome("a", "x", info(me="y", a="x", b="x"), True, 3)[0] is Kind.APPLY
+    # two against two: every member picks the same side (the larger hash), so exactly one side resyncs
+    tie = info(a="1", b="1", c="2", d="2")
+    kinds = {p: round_outcome(p, h["hash"], tie, True, 4)[0] for p, h in tie.items()}
+    assert kinds == {"a": Kind.RESYNC, "b": Kind.RESYNC, "c": Kind.APPLY, "d": Kind.APPLY}
+
+
+def test_the_groupmates_samples_are_counted_and_bounded():
+    said = {"me": {"samples": 5}, "a": {"samples": 7}, "b": {"samples": -3}, "c": {"samples": "x"}, "d": {}}
+    assert others_samples("me", said) == 7
+
+
+def test_a_round_that_did_not_happen_gives_the_node_back_its_counters():
+    pending = PendingRound(round=3, steps=10, samples=80, reached_h_at=100.0, contribution=[], early=True, seen=3)
+    assert pending.give_back(steps=4, samples=32, reached_h_at=None) == (14, 112, 100.0)
+
+
+def test_overlap_keeps_the_local_steps_taken_since_the_contribution_was_sent():
+    torch.manual_seed(0)
+    old_global = [torch.randn(4, 3), torch.randn(5)]
+    local_then = [g - 0.1 * torch.randn_like(g) for g in old_global]
+    sent = [g - l for g, l in zip(old_global, local_then)]
+    since = [0.01 * torch.randn_like(g) for g in old_global]  # what the node learned while the round ran
+    local_now = [l + s for l, s in zip(local_then, since)]
+    new_global = [g - 0.5 * d for g, d in zip(old_global, sent)]  # some outer step
+    carry_local_progress(local_now, old_global, new_global, sent)
+    for p, g, s in zip(local_now, new_global, since):
+        assert torch.allclose(p, g + s, atol=1e-6)
+    # nothing learned since: the local model restarts from the new global parameters, as without overlap
+    local = [l.clone() for l in local_then]
+    carry_local_progress(local, old_global, new_global, sent)
+    assert all(torch.allclose(p, g, atol=1e-6) for p, g in zip(local, new_global))

@@ -415,8 +415,7 @@ class Node:
         if not self.options.state_dir:
             return
         a = self.averaging
-        status = dict(message_to_dict(self.node_metrics()), time=time.time(), pid=os.getpid(),
-                      groups_from_board=a.stats.groups_from_board, groups_matchmade=a.stats.groups_matchmade)
+        status = dict(message_to_dict(self.node_metrics()), time=time.time(), pid=os.getpid())
         try:
             atomic_write_bytes(self.options.state_dir / "status.json", json.dumps(status).encode(), durable=False)
         except OSError as e:
@@ -433,6 +432,8 @@ class Node:
                                   samples_total=a.samples_total, epoch=m.epoch,
                                   partial_rounds=s.partial_rounds, rounds_completed=s.rounds_completed,
                                   samples_local=m.samples_total, compute_s=m.compute_s,
+                                  groups_from_board=s.groups_from_board, groups_matchmade=s.groups_matchmade,
+                                  meet_s=s.meet_s, allreduce_s=s.allreduce_s,
                                   wall_s=time.monotonic() - m.started,
                                   state_bytes_sent=a.exchange.state_bytes_sent,
                                   state_bytes_received=a.exchange.state_bytes_received, peer_id=a.peer_id,

@@ -52,3 +52,6 @@ def test_round_peers_are_those_of_this_round_and_last_rounds_groupmates_still_sh
              peer("gone", 5, 10, age=60.0), peer("left", 5, 10, "left"), peer("ahead", 6, 1), peer("me", 5, 10)]
     assert sorted(round_peers(NOW, me, board, RULES, last_group={"groupmate"})) == ["groupmate", "here"]
     assert round_peers(NOW, me, board, RULES) == ["here"]  # without a last group, only the board's round
+    # rounds faster than the board's records: last round's groupmate still shows an older round
+    fast = [peer("here", 5, 3), peer("groupmate", 2, 1), peer("behind", 3, 10)]
+    assert sorted(round_peers(NOW, me, fast, RULES, last_group={"groupmate"})) == ["groupmate", "here"]

@@ -120,8 +120,10 @@ def test_two_nodes_train_and_average_into_one_model(model_coordinator, tmp_path)
 @pytest.mark.parametrize("formation", ["board", "matchmaking"])
 def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, corpus_file, formation):
     coordinator = RunningCoordinator(tmp_path, tiny_config(corpus_file, averaging={"group_formation": formation}))
+    # with board groups node-2 is a straggler (each local step takes 0.3 s more): it must cost the others nothing
+    straggler = {2: ["--step-delay", "0.3"]} if formation == "board" else {}
     try:
-        health, finals = train_together(coordinator, tmp_path, 3, rounds=3)
+        health, finals = train_together(coordinator, tmp_path, 3, rounds=3, extra=straggler)
     finally:
         coordinator.stop()
     histories = [dict(map(tuple, f.metadata["rounds"])) for f in finals]
@@ -134,6 +136,10 @@ def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, cor
     statuses = [json.loads((tmp_path / f"node-{i}" / "status.json").read_text()) for i in range(3)]
     if formation == "board":  # the peers agree on their group from the board: no matchmaking in a calm swarm
         assert all(s["groups_from_board"] >= 2 for s in statuses), statuses
+        # the fast nodes took their H steps a round and went to the meeting; the straggler came when it saw them
+        # there, with the samples it had (weighted by them), instead of making them wait for its H steps
+        samples = [s["samples_local"] for s in statuses]
+        assert samples[2] < 0.67 * min(samples[:2]), samples
     else:
         assert all(s["groups_from_board"] == 0 and s["groups_matchmade"] >= 1 for s in statuses), statuses
 

@@ -29,6 +29,8 @@ class RoundResult:
     others_samples: int = 0  # samples the groupmates trained on in the round
     group: frozenset = field(default_factory=frozenset)  # the groupmates (ourselves excluded)
     from_board: bool = False  # the group formed from the progress board (else by hivemind's matchmaking)
+    meet_s: float = 0.0  # seconds forming the group (the board's meeting, then matchmaking if it fell back)
+    allreduce_s: float = 0.0  # seconds in the all-reduce
 
 
 def round_outcome(me: str, my_hash: str, info: Mapping[str, Mapping], complete: bool, seen: int) -> tuple[Kind, bool, str]:

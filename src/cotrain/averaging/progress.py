@@ -82,10 +82,11 @@ def live_peers(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rule
 def round_peers(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules,
                 last_group: Collection[str] = ()) -> list[str]:
     """The other peers of ``me``'s round as the board shows them, and the groupmates of the round it just averaged
-    (``last_group``: the board shows them a round behind until their next record; they are here, or coming).
+    (``last_group``: they applied the same round, so they are here or coming, though the board shows them behind
+    until their next record: rounds shorter than ``progress_interval`` leave records several rounds behind).
     Paused peers are left out: they will not come to the round's meeting."""
     return [p.peer_id for p in live_peers(now, me, peers, rules) if p.phase != "paused"
-            and (p.round == me.round or (p.round == me.round - 1 and p.peer_id in last_group))]
+            and (p.round == me.round or (p.round < me.round and p.peer_id in last_group))]
 
 
 def round_decision(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules,

@@ -99,6 +99,9 @@ class RoundStats:
     #: how the groups of the averaged rounds formed: from the progress board, or by hivemind's matchmaking
     groups_from_board: int = 0
     groups_matchmade: int = 0
+    #: seconds, in total, the rounds spent forming groups and in the all-reduce (failed rounds included)
+    meet_s: float = 0.0
+    allreduce_s: float = 0.0
     last_reason: str = ""  # what the last round decision was, or why the last round failed (in the node's log line)
     history: list = field(default_factory=list)  # (round, group size): kept in the node's last checkpoint
     #: peers whose contributions this peer dropped as reducer (non-finite values, malformed), with the reason
@@ -436,6 +439,8 @@ class RoundAverager(abc.ABC):
         overlapped = launch.future is not None
         self._pending = None
         self.phase = "train"
+        self.stats.meet_s += result.meet_s
+        self.stats.allreduce_s += result.allreduce_s
         if result.kind in (Kind.APPLY, Kind.RESYNC):
             self.samples_total += result.others_samples
             if result.partial:
@@ -529,29 +534,34 @@ class RoundAverager(abc.ABC):
         """Form the round's group and run its all-reduce (on the averaging thread with overlap): everything but
         changing the model, which the main thread does with the result (:meth:`_finish_round`)."""
         weight = float(max(1, launch.samples))
+        started = time.monotonic()
         formed = (self._meet(launch) if self.cfg.group_formation == "board" and self._met_round != launch.round
                   else None)
         from_board = formed is not None
         if formed is None and launch.early:
-            return RoundResult(Kind.UNFILLED, self._meeting_failed or "the planned group did not meet")
+            return RoundResult(Kind.UNFILLED, self._meeting_failed or "the planned group did not meet",
+                               meet_s=time.monotonic() - started)
         if formed is None:
             formed, why = self._matchmake(weight, launch)
             if formed is None:
-                return RoundResult(Kind.FAILED, why)
+                return RoundResult(Kind.FAILED, why, meet_s=time.monotonic() - started)
+        met = time.monotonic()
         group, info = formed
         if len(group) < 2:
-            return RoundResult(Kind.FAILED, "no admitted groupmate")
+            return RoundResult(Kind.FAILED, "no admitted groupmate", meet_s=met - started)
         tag = group_tag(f"r{launch.round}", [str(p) for p in group])
         me = next(p for p in group if str(p) == self.peer_id)
         reducers = [info.get(str(p), {}).get("reducer", True) is not False for p in group]
         try:
             average, complete = self._allreduce(launch.contribution, tag, group, me, weight, reducers)
         except AllReduceFailed as e:
-            return RoundResult(Kind.FAILED, f"all-reduce failed ({e})")
+            return RoundResult(Kind.FAILED, f"all-reduce failed ({e})", meet_s=met - started,
+                               allreduce_s=time.monotonic() - met)
         info.setdefault(self.peer_id, dict(hash=self._hash, samples=launch.samples))
         kind, partial, reason = round_outcome(self.peer_id, self._hash, info, complete, launch.seen)
         return RoundResult(kind, reason, average, len(group), partial, others_samples(self.peer_id, info),
-                           members_of(group, self.peer_id), from_board)
+                           members_of(group, self.peer_id), from_board, meet_s=met - started,
+                           allreduce_s=time.monotonic() - met)
 
     def _allreduce(self, contribution: list[torch.Tensor], tag: str, group, me, weight: float,
                    reducers: Sequence[bool]):

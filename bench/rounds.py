@@ -8,8 +8,9 @@ local step per round (DiLoCo, H=1, no compression), so that a round is almost al
 size sets the payload (the fp32 pseudo-gradient each node contributes). Each node writes its heartbeat figures to
 ``STATE_DIR/status.json`` at every new round; the bench reads them as the rounds go and takes, between round
 ``--warmup`` and the last, the wall time per round and the part of it that is not computing (``overhead``:
-matchmaking or the board's meeting, the all-reduce, the outer step). The fixed part of a round is the overhead at
-the smallest payload.
+matchmaking or the board's meeting, the all-reduce, the outer step), split further into the meeting (which includes
+waiting for the last groupmate to finish its step: on a shared machine, the others' compute) and the all-reduce, as
+the nodes report them. The fixed part of a round is the overhead at the smallest payload.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def one_run(args, nodes: int, hidden: int, formation: str) -> dict:
     cfg = make_config(args, nodes, hidden, formation)
     payload = 4 * count_parameters(build_model(cfg))
     names = [f"node-{i}" for i in range(nodes)]
-    seen: dict[str, dict[int, tuple[float, float]]] = {name: {} for name in names}  # round -> (wall_s, compute_s)
+    # round -> (wall_s, compute_s, meet_s, allreduce_s) as the node reported them when it got to the round
+    seen: dict[str, dict[int, tuple[float, float, float, float]]] = {name: {} for name in names}
     groups = {name: (0, 0) for name in names}  # (formed from the board, matchmade), as each node last reported
     with work_folder("cotrain-rounds-", keep=args.keep) as tmp, Swarm(cfg, tmp) as swarm:
         procs = [swarm.start_node(name, ["--threads", "1", "--wait-peers", str(nodes), "--max-rounds",
@@ -59,25 +61,28 @@ def one_run(args, nodes: int, hidden: int, formation: str) -> dict:
             for name in names:
                 status = read_status(tmp / name / "status.json")
                 if status and status["round"] not in seen[name]:
-                    seen[name][status["round"]] = (status["wall_s"], status["compute_s"])
+                    seen[name][status["round"]] = (status["wall_s"], status["compute_s"], status["meet_s"],
+                                                   status["allreduce_s"])
                     groups[name] = (status["groups_from_board"], status["groups_matchmade"])
             time.sleep(0.02)
         codes = swarm.stop_nodes()
     if any(codes):
         raise RuntimeError(f"node exit codes {codes} (run again with --keep to read their logs)")
-    per_round, overhead = [], []
+    per_round, overhead, meet, allreduce = [], [], [], []
     for name in names:
         rounds = sorted(r for r in seen[name] if r >= args.warmup)
         if len(rounds) < 2:
             raise RuntimeError(f"{name}: saw rounds {sorted(seen[name])}; raise --rounds above --warmup + 1")
-        (w0, c0), (w1, c1) = seen[name][rounds[0]], seen[name][rounds[-1]]
+        (w0, c0, m0, a0), (w1, c1, m1, a1) = seen[name][rounds[0]], seen[name][rounds[-1]]
         count = rounds[-1] - rounds[0]
         per_round.append((w1 - w0) / count)
         overhead.append(((w1 - c1) - (w0 - c0)) / count)
+        meet.append((m1 - m0) / count)
+        allreduce.append((a1 - a0) / count)
     board, matchmade = map(sum, zip(*groups.values()))
     return dict(formation=formation, nodes=nodes, hidden=hidden, payload_bytes=payload,
-                round_s=sum(per_round) / nodes, overhead_s=sum(overhead) / nodes,
-                groups_from_board=board, groups_matchmade=matchmade)
+                round_s=sum(per_round) / nodes, overhead_s=sum(overhead) / nodes, meet_s=sum(meet) / nodes,
+                allreduce_s=sum(allreduce) / nodes, groups_from_board=board, groups_matchmade=matchmade)
 
 
 def main() -> None:
@@ -104,9 +109,11 @@ def main() -> None:
                       f"{row['round_s'] * 1e3:7.1f} ms, of which not computing {row['overhead_s'] * 1e3:7.1f} ms",
                       flush=True)
     print_table(f"Round time on loopback, H=1, rounds {args.warmup}..{args.rounds} ({len(rows)} runs)",
-                ["formation", "nodes", "payload MB", "round ms", "overhead ms", "board groups", "matchmade"],
+                ["formation", "nodes", "payload MB", "round ms", "overhead ms", "meeting ms", "all-reduce ms",
+                 "board groups", "matchmade"],
                 [[r["formation"], r["nodes"], r["payload_bytes"] / 1e6, r["round_s"] * 1e3, r["overhead_s"] * 1e3,
-                  r["groups_from_board"], r["groups_matchmade"]] for r in rows])
+                  r["meet_s"] * 1e3, r["allreduce_s"] * 1e3, r["groups_from_board"], r["groups_matchmade"]]
+                 for r in rows])
     write_json(args.json, {"runs": rows, "rounds": args.rounds, "warmup": args.warmup})
 
 

@@ -1,7 +1,11 @@
 """A round's outcome and the overlap's bookkeeping as pure logic (cotrain.averaging.outcome, .overlap)."""
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 
+from cotrain.averaging.diloco import DiLoCo
 from cotrain.averaging.outcome import Kind, others_samples, round_outcome
 from cotrain.averaging.overlap import PendingRound, carry_local_progress
 
@@ -39,18 +43,37 @@ def test_a_round_that_did_not_happen_gives_the_node_back_its_counters():
     assert pending.give_back(steps=4, samples=32, reached_h_at=None) == (14, 112, 100.0)
 
 
-def test_overlap_keeps_the_local_steps_taken_since_the_contribution_was_sent():
+def test_overlap_keeps_the_local_steps_taken_since_the_round_was_launched():
     torch.manual_seed(0)
-    old_global = [torch.randn(4, 3), torch.randn(5)]
-    local_then = [g - 0.1 * torch.randn_like(g) for g in old_global]
-    sent = [g - l for g, l in zip(old_global, local_then)]
-    since = [0.01 * torch.randn_like(g) for g in old_global]  # what the node learned while the round ran
-    local_now = [l + s for l, s in zip(local_then, since)]
-    new_global = [g - 0.5 * d for g, d in zip(old_global, sent)]  # some outer step
-    carry_local_progress(local_now, old_global, new_global, sent)
-    for p, g, s in zip(local_now, new_global, since):
-        assert torch.allclose(p, g + s, atol=1e-6)
+    start = [torch.randn(4, 3), torch.randn(5)]  # where the local model went on from (DiLoCo: the eager guess)
+    since = [0.01 * torch.randn_like(t) for t in start]  # what the node learned while the round ran
+    local = [s + d for s, d in zip(start, since)]
+    new_global = [torch.randn_like(t) for t in start]
+    carry_local_progress(local, start, new_global)
+    assert all(torch.allclose(p, g + d, atol=1e-6) for p, g, d in zip(local, new_global, since))
     # nothing learned since: the local model restarts from the new global parameters, as without overlap
-    local = [l.clone() for l in local_then]
-    carry_local_progress(local, old_global, new_global, sent)
+    local = [s.clone() for s in start]
+    carry_local_progress(local, start, new_global)
     assert all(torch.allclose(p, g, atol=1e-6) for p, g in zip(local, new_global))
+
+
+@pytest.mark.parametrize("momentum", [0.9, 0.0])
+def test_diloco_guesses_the_outer_step_its_own_pseudo_gradient_would_take(momentum):
+    # the eager guess must be exactly the outer step of an average equal to this peer's own contribution
+    torch.manual_seed(1)
+    strategy = DiLoCo.__new__(DiLoCo)  # the outer step only: no swarm
+    strategy.cfg = SimpleNamespace(outer_lr=0.7)
+    strategy.global_params = [torch.randn(4, 3), torch.randn(5)]
+    strategy.momentum = [torch.randn_like(g) for g in strategy.global_params]
+    strategy.outer = torch.optim.SGD(strategy.global_params, lr=0.7, momentum=momentum, nesterov=momentum > 0)
+    if momentum:
+        for g, m in zip(strategy.global_params, strategy.momentum):
+            strategy.outer.state[g]["momentum_buffer"] = m
+    delta = [torch.randn_like(g) for g in strategy.global_params]
+    before = [g.clone() for g in strategy.global_params]
+    guess = strategy.outer_step_with(delta)
+    assert all(torch.equal(g, b) for g, b in zip(strategy.global_params, before))  # nothing moved yet
+    for g, d in zip(strategy.global_params, delta):
+        g.grad = d.clone()
+    strategy.outer.step()
+    assert all(torch.allclose(x, g, atol=1e-6) for x, g in zip(guess, strategy.global_params))

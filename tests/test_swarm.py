@@ -37,7 +37,7 @@ def assert_learned(cfg, state):
 
 
 MODELS = {
-    # rounds averaged in the background while the nodes train on (one outer step of delay)
+    # rounds averaged in the background while the nodes train on (eager updates, one round of delay)
     "lstm_overlap": {"averaging": {"overlap": True}},
     # SparseLoCo's codec and outer error feedback, robustly averaged; 16 of 64 (not 64 of 4096) so that the few
     # rounds of this test move a tiny model far enough to show it learned
@@ -54,9 +54,11 @@ MODELS = {
     "sync_int8_lamb_overlap": {"averaging": {"strategy": "sync", "inner_steps": 2, "overlap": True},
                                "compression": {"kind": "int8"}, "optimizer": {"kind": "lamb", "lr": 0.05}},
     "diloco_powersgd": {"compression": {"kind": "powersgd", "powersgd_rank": 8}},
-    "mdn_rnn": {"model": {"kind": "mdn_rnn", "hidden_size": 32, "num_mixtures": 3},
+    # world models learn slowly per step: 100 local steps a round (rounds formed from the board take milliseconds,
+    # so a node trains only what its rounds ask for)
+    "mdn_rnn": {"model": {"kind": "mdn_rnn", "hidden_size": 32, "num_mixtures": 3}, "averaging": {"inner_steps": 100},
                 "env": {"id": "Pendulum-v1", "episodes": 16, "horizon": 20, "eval_episodes": 16}},
-    "actions_wm": {"model": {"kind": "actions_wm", "hidden_size": 32},
+    "actions_wm": {"model": {"kind": "actions_wm", "hidden_size": 32}, "averaging": {"inner_steps": 100},
                    "env": {"id": "CartPole-v1", "episodes": 16, "horizon": 20, "eval_episodes": 16}},
 }
 

@@ -58,19 +58,46 @@ class DiLoCo(RoundAverager):
         return [g.detach().cpu() - p.detach().cpu() for g, p in zip(self.global_params, self.params)]
 
     def apply(self, average, carried=None) -> None:
-        old_global = [g.clone() for g in self.global_params] if carried is not None else None
         for g, d in zip(self.global_params, average):
             g.grad = d.to(g.device, g.dtype).clone()
         self.outer.step()
         self.outer.zero_grad(set_to_none=True)
         residual, self.residual = self.residual, None
-        if carried is not None:  # overlap: the local steps taken since the contribution was sent are kept
-            carry_local_progress(self.params, old_global, self.global_params, carried)
+        if carried is not None:  # overlap: the local steps taken since the round was launched are kept
+            carry_local_progress(self.params, carried.held, self.global_params)
         for i, (p, g) in enumerate(zip(self.params, self.global_params)):
             if carried is None:
                 p.copy_(g)
             if residual is not None:
                 p.sub_(residual[i].to(p.device, p.dtype), alpha=self.feedback_decay)
+
+    def outer_step_with(self, delta) -> list[torch.Tensor]:
+        """Where the outer step would take the global parameters if the group's average were ``delta`` (the outer
+        optimizer's state untouched): SGD with Nesterov momentum as torch computes it, or plain SGD."""
+        lr, mu = self.cfg.outer_lr, self.outer.param_groups[0]["momentum"]
+        out = []
+        with torch.no_grad():
+            for g, m, d in zip(self.global_params, self.momentum, delta):
+                d = d.to(g.device, g.dtype)
+                step = d + mu * (mu * m + d) if mu > 0 else d
+                out.append(g - lr * step)
+        return out
+
+    def hold_round(self, launch):
+        # eager updates: the next round's local steps start from where this peer's own pseudo-gradient alone would
+        # take the global parameters, the best guess of the average that is still on its way (a local model that
+        # went on from where it was trains a round behind the outer step, and Nesterov's momentum overshoots it)
+        proxy = self.outer_step_with(launch.contribution)
+        with torch.no_grad():
+            for p, x in zip(self.params, proxy):
+                p.copy_(x)
+        return proxy
+
+    def give_back_round(self, launch) -> None:
+        # the round did not happen: back to the local model the contribution was taken from, plus the steps since
+        with torch.no_grad():
+            for p, g, d, x in zip(self.params, self.global_params, launch.contribution, launch.held):
+                p.add_(g - d.to(g.device, g.dtype) - x)
 
     def after_shared_change(self) -> None:
         with torch.no_grad():

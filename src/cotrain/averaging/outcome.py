@@ -33,7 +33,8 @@ class RoundResult:
     allreduce_s: float = 0.0  # seconds in the all-reduce
 
 
-def round_outcome(me: str, my_hash: str, info: Mapping[str, Mapping], complete: bool, seen: int) -> tuple[Kind, bool, str]:
+def round_outcome(me: str, my_hash: str, info: Mapping[str, Mapping], complete: bool,
+                  seen: int) -> tuple[Kind, bool, str]:
     """After a group's all-reduce: apply, or resync because our shared state is not the group's (the majority of
     the members' state hashes, ties broken by the hash so every member picks the same), and whether the round was
     partial. ``info``: member id -> what it said at the meeting (``hash``, ``samples``), ourselves included;

@@ -6,15 +6,18 @@ meeting and all-reduce to a worker thread, and goes on with the next round's loc
 from zero. When the result arrives (checked after every local step, waited for once the next round's steps are
 taken too) the main thread applies it between two steps:
 
-- DiLoCo: the global parameters take the outer step as without overlap, and the local model keeps what it
-  learned since the contribution was taken: ``local += new_global - old_global + sent``
-  (:func:`carry_local_progress`), so the next pseudo-gradient is all the progress since the new global state;
+- DiLoCo (eager updates, Kale et al. 2025): when the round is launched the local model goes on from where this
+  peer's own pseudo-gradient alone would take the global parameters (the outer step's best guess of the average
+  still on its way); when the average arrives the global parameters take the outer step as without overlap, and the
+  local model keeps what it learned since: ``local += new_global - guess`` (:func:`carry_local_progress`), so the
+  next pseudo-gradient is all the progress since the new global state. Without the guess the local model trains a
+  round behind the outer step: in-process, a round's delay cost 6% of loss under Nesterov 0.7 / 0.9;
 - sync: the optimizer steps with the averaged gradients (one step late), and the gradients accumulated meanwhile
   stay for the next round.
 
 A round that fails or does not fill gives the node back what it took (:meth:`PendingRound.give_back`): its
-counters, and for sync the gradients it had accumulated, and the next round sends everything since the last
-applied one, as without overlap.
+counters, for sync the gradients it had accumulated, for DiLoCo the local model it had moved to the guess, and the
+next round sends everything since the last applied one, as without overlap.
 """
 
 from __future__ import annotations
@@ -44,10 +47,10 @@ class PendingRound:
         return self.steps + steps, self.samples + samples, self.reached_h_at or reached_h_at
 
 
-def carry_local_progress(local: Sequence[torch.Tensor], old_global: Sequence[torch.Tensor],
-                         new_global: Sequence[torch.Tensor], sent: Sequence[torch.Tensor]) -> None:
+def carry_local_progress(local: Sequence[torch.Tensor], start: Sequence[torch.Tensor],
+                         new_global: Sequence[torch.Tensor]) -> None:
     """DiLoCo with overlap: move the local model to the new global parameters while keeping what it learned since
-    its contribution ``sent = old_global - local_then`` was taken: ``local = new_global + (local - local_then)``."""
+    it went on from ``start``: ``local = new_global + (local - start)``."""
     with torch.no_grad():
-        for p, old, new, d in zip(local, old_global, new_global, sent):
-            p.add_((new - old).to(p.device, p.dtype) + d.to(p.device, p.dtype))
+        for p, s, new in zip(local, start, new_global):
+            p.add_((new - s).to(p.device, p.dtype))

@@ -200,9 +200,9 @@ class RoundAverager(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def apply(self, average: list[torch.Tensor], carried: Optional[list[torch.Tensor]] = None) -> None:
-        """Apply the group's average. ``carried``: with overlap, the contribution the average is of, taken before
-        the local steps since (see :mod:`cotrain.averaging.overlap`); None when the round ended here and now."""
+    def apply(self, average: list[torch.Tensor], carried: Optional[PendingRound] = None) -> None:
+        """Apply the group's average. ``carried``: with overlap, the round the average is of, launched before the
+        local steps since (see :mod:`cotrain.averaging.overlap`); None when the round ended here and now."""
         ...
 
     def discard_round(self) -> None:
@@ -414,7 +414,7 @@ class RoundAverager(abc.ABC):
         if self._worker is None:
             self._finish_round(launch, self._run_round(launch))
             return
-        launch.held = self.hold_round()
+        launch.held = self.hold_round(launch)
         self._start_round(mid_round=False)
         launch.future = self._worker.submit(self._run_round, launch)
         self._pending = launch
@@ -447,8 +447,7 @@ class RoundAverager(abc.ABC):
                 self.stats.partial_rounds += 1
                 logger.warning("round %d: %s", launch.round, result.reason)
         if result.kind is Kind.APPLY:
-            self._apply_and_advance(result.average, result.group_size,
-                                    carried=launch.contribution if overlapped else None)
+            self._apply_and_advance(result.average, result.group_size, carried=launch if overlapped else None)
             self._last_group = set(result.group)
             self.stats.rounds_completed += 1
             if result.from_board:
@@ -463,7 +462,7 @@ class RoundAverager(abc.ABC):
         if overlapped:  # the round did not happen: the node takes back what it had set aside for it
             self.steps_in_round, self.samples_in_round, self.reached_h_at = launch.give_back(
                 self.steps_in_round, self.samples_in_round, self.reached_h_at)
-            self.give_back_round(launch.held)
+            self.give_back_round(launch)
         if result.kind is Kind.UNFILLED:
             logger.info("round %d: the board's group did not meet (%s); training on", launch.round, result.reason)
             return
@@ -471,13 +470,14 @@ class RoundAverager(abc.ABC):
         logger.warning("%s", self.stats.last_reason)
         self.retry_at = time.time() + self.cfg.matchmaking_time
 
-    def hold_round(self):
-        """Overlap: set aside what the round's contribution was taken from, for :meth:`give_back_round` should the
-        round not happen (sync: its accumulated gradients). -> whatever the strategy needs back."""
+    def hold_round(self, launch: PendingRound):
+        """Overlap: the round's contribution was just taken; get the local state ready for the next round's steps
+        and set aside what :meth:`give_back_round` needs should the round not happen (sync: its accumulated
+        gradients; DiLoCo: where its local model went on from). -> kept as ``launch.held``."""
         return None
 
-    def give_back_round(self, held) -> None:
-        """Overlap: the round did not happen; merge back what :meth:`hold_round` set aside."""
+    def give_back_round(self, launch: PendingRound) -> None:
+        """Overlap: the round did not happen; undo :meth:`hold_round`, keeping the steps taken since."""
 
     def _meet(self, launch: PendingRound) -> Optional[tuple[list, dict]]:
         """Form this round's group from the progress board (cotrain.averaging.groups): plan the groups of the peers
@@ -609,9 +609,9 @@ class RoundAverager(abc.ABC):
                 self.stats.flagged[peer] = why
 
     def _apply_and_advance(self, average: list[torch.Tensor], group_size: int,
-                           carried: Optional[list[torch.Tensor]] = None) -> None:
-        """``carried``: with overlap, the contribution the average is of; the local steps taken since are kept (the
-        round's counters already count them)."""
+                           carried: Optional[PendingRound] = None) -> None:
+        """``carried``: with overlap, the round the average is of; the local steps taken since are kept (the round's
+        counters already count them)."""
         with torch.no_grad(), self._lock:
             self.apply(average, carried)
             self.round += 1

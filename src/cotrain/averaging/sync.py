@@ -44,14 +44,14 @@ class SyncAveraging(RoundAverager):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def hold_round(self):
+    def hold_round(self, launch):
         held = (self.grad_sum, self.micro_batches)
         self.grad_sum = [torch.zeros_like(g) for g in held[0]]
         self.micro_batches = 0
         return held
 
-    def give_back_round(self, held) -> None:
-        grads, micro_batches = held
+    def give_back_round(self, launch) -> None:
+        grads, micro_batches = launch.held
         for acc, g in zip(self.grad_sum, grads):
             acc.add_(g)
         self.micro_batches += micro_batches

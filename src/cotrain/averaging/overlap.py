@@ -38,7 +38,7 @@ class PendingRound:
     contribution: list  # what the node sends, taken at the round's end
     early: bool  # a meeting at once after the H-th step: if it does not fill, train on with no pause
     seen: int  # peers at this round on the board, ourselves included
-    held: Any = None  # what the strategy took aside for this round (sync: its accumulated gradients)
+    held: Any = None  # what the strategy set aside (sync: its accumulated gradients; DiLoCo: its eager guess)
     future: Optional[Future] = field(default=None, repr=False)
 
     def give_back(self, steps: int, samples: int, reached_h_at: Optional[float]) -> tuple[int, int, Optional[float]]:

@@ -167,6 +167,7 @@ class RoundAverager(abc.ABC):
                                    private_key=record_key)
         self.phase = "train"
         self._peers: list[PeerProgress] = []
+        self._peers_read_at = 0.0  # when the read that returned _peers began
         self._stop = threading.Event()
         self._board_read = threading.Event()
         self._publisher = threading.Thread(target=self._publish_loop, name="progress", daemon=True)
@@ -232,10 +233,11 @@ class RoundAverager(abc.ABC):
                 if not self._stop.is_set():
                     storing.failed(e, expected=False, action=action)
             try:
+                read_at = time.time()
                 peers = self.board.read()
                 if peers is None:  # a DHT that did not answer in time leaves what we knew (it goes stale)
                     raise TimeoutError("the DHT did not answer a read of the progress board in time")
-                self._peers = peers
+                self._peers, self._peers_read_at = peers, read_at
                 self._board_read.set()
                 if self.admission.enabled and time.monotonic() - revocations_read >= REVOCATIONS_READ_S:
                     revocations_read = time.monotonic()
@@ -357,8 +359,9 @@ class RoundAverager(abc.ABC):
             now = time.time()
         if now < self.retry_at:
             return None
-        decision = round_decision(now, self.progress(), self._peers, self.rules, self.reached_h_at)
-        early = decision.action is Action.TRAIN and self._meets_early(now)
+        board_now = self._board_time()
+        decision = round_decision(board_now, self.progress(), self._peers, self.rules, self.reached_h_at)
+        early = decision.action is Action.TRAIN and self._meets_early(board_now)
         if early:  # no need to wait until the board shows the others at H: the meeting waits for them
             decision = Decision(Action.AVERAGE, f"reached {self.rules.inner_steps} steps: meeting this round's peers")
         if decision.action is Action.TRAIN:
@@ -370,6 +373,14 @@ class RoundAverager(abc.ABC):
         else:
             self._average(early)
         return decision
+
+    def _board_time(self) -> float:
+        """The time the board's records are judged at: when its last read began, so that a slow read does not make
+        every peer look gone (8 nodes on 2 cores took seconds to read it, and nodes concluded they were alone and
+        averaged by themselves); once no read has come for ``stale_after``, time moves on again, so that the peers
+        of a DHT this node cannot reach do go stale."""
+        now = time.time()
+        return max(min(now, self._peers_read_at), now - self.rules.stale_after)
 
     def _meets_early(self, now: float) -> bool:
         """With board groups, a peer that took its H steps goes to the round's meeting at once (once a round):
@@ -402,9 +413,10 @@ class RoundAverager(abc.ABC):
         ``averaging.overlap``). ``early``: the meeting of a peer that just took its H steps; if the round's peers do
         not all come, train on (no matchmaking, no retry delay)."""
         contribution = self.contribution()
-        peers_here = [p for p in live_peers(time.time(), self.progress(), self._peers, self.rules)
+        board_now = self._board_time()
+        peers_here = [p for p in live_peers(board_now, self.progress(), self._peers, self.rules)
                       if p.round == self.round]
-        if not live_peers(time.time(), self.progress(), self._peers, self.rules):
+        if not live_peers(board_now, self.progress(), self._peers, self.rules):
             self._apply_and_advance(contribution, group_size=1)
             return
         self.phase = "average"
@@ -483,7 +495,7 @@ class RoundAverager(abc.ABC):
         """Form this round's group from the progress board (cotrain.averaging.groups): plan the groups of the peers
         at this round, publish our meeting, fetch our planned groupmates'. -> (group, info by peer id) when they all
         agree; None when they do not (the caller falls back to hivemind's matchmaking)."""
-        members = self._board_group(time.time())
+        members = self._board_group(self._board_time())
         self._met_round = launch.round
         self._meeting_failed = "no group of two on the board"
         if members is None:

@@ -227,9 +227,9 @@ class AveragingConfig(_Section):
     #: average each round in the background while the node takes the next round's local steps, and apply the
     #: result when it arrives (one round of delay; DiLoCo with eager updates: see cotrain.averaging.overlap): hides
     #: the meeting and the all-reduce behind compute; a round that fails gives the node back its work, as without
-    #: overlap. Worth it when a round takes a fraction of the H local steps: in-process (3 replicas, H=10, outer
-    #: 0.7 / 0.9) the loss moved +0.2% when the average landed 3 steps into the next round and under 0.1% at H=50,
-    #: but +4% when it landed a whole round late. Sync gets each round's gradients a round late
+    #: overlap. Worth it when a round takes a fraction of the H local steps: in-process (bench/delay.py: 3
+    #: replicas, H=10, outer 0.7 / 0.9) the loss moved +0.2% when the average landed 3 steps into the next round,
+    #: +4% when it landed 9 steps late. Sync gets each round's gradients a round late
     overlap: bool = False
     #: seconds peers wait for each other when forming a group (the board's meeting, or hivemind's matchmaking,
     #: which always waits this long). Longer gathers more stragglers into a round but idles the fast ones; on a LAN

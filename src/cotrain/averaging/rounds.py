@@ -421,11 +421,11 @@ class RoundAverager(abc.ABC):
             return
         self.phase = "average"
         self.board.publish(self.progress(self.phase))
+        if self._worker is None:
+            self._average_with_group(contribution, len(peers_here) + 1, early)
+            return
         launch = PendingRound(self.round, self.steps_in_round, self.samples_in_round, self.reached_h_at,
                               contribution, early, seen=len(peers_here) + 1)
-        if self._worker is None:
-            self._finish_round(launch, self._run_round(launch))
-            return
         launch.held = self.hold_round(launch)
         self._start_round(mid_round=False)
         launch.future = self._worker.submit(self._run_round, launch)
@@ -475,8 +475,7 @@ class RoundAverager(abc.ABC):
             self.steps_in_round, self.samples_in_round, self.reached_h_at = launch.give_back(
                 self.steps_in_round, self.samples_in_round, self.reached_h_at)
             self.give_back_round(launch)
-        if result.kind is Kind.UNFILLED:
-            logger.info("round %d: the board's group did not meet (%s); training on", launch.round, result.reason)
+        if result.kind is Kind.UNFILLED:  # _meet said why; train on, round_decision says when to try again
             return
         self.stats.last_reason = f"round {launch.round}: {result.reason}; training on and retrying"
         logger.warning("%s", self.stats.last_reason)

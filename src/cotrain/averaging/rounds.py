@@ -160,7 +160,6 @@ class RoundAverager(abc.ABC):
         #: averaging.overlap: rounds run on this worker thread while the node trains on; one at a time
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="round") if cfg.overlap else None
         self._pending: Optional[PendingRound] = None
-        self._meeting_failed = ""  # why the last board meeting did not happen (the averaging thread's)
         self.rules = RoundRules(cfg.inner_steps, cfg.round_wait, stale_after=3 * cfg.progress_interval + 1.0)
         self.admission = admission
         self.board = ProgressBoard(dht, run_id, ttl=self.rules.stale_after, admission=admission,
@@ -490,15 +489,14 @@ class RoundAverager(abc.ABC):
     def give_back_round(self, launch: PendingRound) -> None:
         """Overlap: the round did not happen; undo :meth:`hold_round`, keeping the steps taken since."""
 
-    def _meet(self, launch: PendingRound) -> Optional[tuple[list, dict]]:
+    def _meet(self, launch: PendingRound) -> tuple[Optional[tuple[list, dict]], str]:
         """Form this round's group from the progress board (cotrain.averaging.groups): plan the groups of the peers
-        at this round, publish our meeting, fetch our planned groupmates'. -> (group, info by peer id) when they all
-        agree; None when they do not (the caller falls back to hivemind's matchmaking)."""
+        at this round, publish our meeting, fetch our planned groupmates'. -> ((group, info by peer id), "") when
+        they all agree; (None, why) when they do not (the caller falls back to hivemind's matchmaking)."""
         members = self._board_group(self._board_time())
         self._met_round = launch.round
-        self._meeting_failed = "no group of two on the board"
         if members is None:
-            return None
+            return None, "no group of two on the board"
         mine = Meeting(launch.round, group_key(launch.round, members), launch.samples, self._hash,
                        not self.client_mode, self.admission.credential())
         others = [m for m in members if m != self.peer_id]
@@ -506,7 +504,7 @@ class RoundAverager(abc.ABC):
             peers = {m: PeerID.from_base58(m) for m in others}
         except ValueError:  # the board's records were checked when read: a bug worth seeing
             logger.warning("round %d: a planned groupmate has no valid peer id; matchmaking instead", launch.round)
-            return None
+            return None, "a planned groupmate has no valid peer id"
 
         def admitted(peer: str, cred: bytes) -> bool:
             return self.admission.check(cred, peer, "a place in an averaging group").ok
@@ -514,13 +512,12 @@ class RoundAverager(abc.ABC):
         outcome = hold_meeting(self.exchange, self.peer_id, mine, peers, self.cfg.matchmaking_time,
                                self.cfg.request_timeout, admitted, self._stop)
         if not outcome.ok:
-            self._meeting_failed = outcome.reason
             logger.info("round %d: the board's group did not meet (%s)", launch.round, outcome.reason)
-            return None
+            return None, outcome.reason
         info = {peer: dict(round=m.round, samples=m.samples, hash=m.hash, reducer=m.reducer)
                 for peer, m in outcome.meetings.items()}
         group = sorted([PeerID.from_base58(self.peer_id), *peers.values()], key=str)
-        return group, info
+        return (group, info), ""
 
     def _matchmake(self, weight: float, launch: PendingRound) -> tuple[Optional[tuple[list, dict]], str]:
         """hivemind's matchmaking (it waits matchmaking_time for followers). -> ((admitted group, info by peer id),
@@ -546,11 +543,11 @@ class RoundAverager(abc.ABC):
         changing the model, which the main thread does with the result (:meth:`_finish_round`)."""
         weight = float(max(1, launch.samples))
         started = time.monotonic()
-        formed = (self._meet(launch) if self.cfg.group_formation == "board" and self._met_round != launch.round
-                  else None)
+        board = self.cfg.group_formation == "board" and self._met_round != launch.round
+        formed, why = self._meet(launch) if board else (None, "")
         from_board = formed is not None
         if formed is None and launch.early:
-            return RoundResult(Kind.UNFILLED, self._meeting_failed or "the planned group did not meet",
+            return RoundResult(Kind.UNFILLED, why or "the planned group did not meet",
                                meet_s=time.monotonic() - started)
         if formed is None:
             formed, why = self._matchmake(weight, launch)

@@ -93,7 +93,8 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
                 raise LaunchError(f"{p.name} exited with code {p.popen.returncode} while waiting for {what}:\n"
                                   f"{p.log()[-3000:]}")
         if time.monotonic() > deadline:
-            raise LaunchError(f"timed out after {timeout:.0f}s waiting for {what}")
+            tails = "".join(f"\n--- the end of {p.name}'s log ({p.log_path}):\n{p.log()[-2000:]}" for p in procs)
+            raise LaunchError(f"timed out after {timeout:.0f}s waiting for {what}{tails}")
         time.sleep(interval)
 
 

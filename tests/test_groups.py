@@ -78,6 +78,8 @@ def test_a_group_meets_only_when_every_planned_peer_agrees():
         outcome = meeting_outcome("me", mine, members, received, admit_ok)
         assert not outcome.ok and not outcome.meetings, why
         assert "b" in outcome.reason or why in outcome.reason
+        # only a groupmate with another plan is a disagreement (wait for a fresh board read, not for matchmaking)
+        assert outcome.disagreed == (why in ("another group", "round 5")), why
 
 
 class Board:

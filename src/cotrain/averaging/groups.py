@@ -94,6 +94,9 @@ class Outcome:
     ok: bool
     reason: str
     meetings: Mapping[str, Meeting]  # groupmate -> its meeting (the planner's own included), when ok
+    #: a groupmate planned another group for the round: its view of the board differed from ours (a peer that
+    #: joined or left between two reads). Matchmaking cannot help when it already went on with its own group
+    disagreed: bool = False
 
 
 def meeting_outcome(me: str, mine: Meeting, members: Sequence[str], received: Mapping[str, Optional[bytes]],
@@ -112,7 +115,8 @@ def meeting_outcome(me: str, mine: Meeting, members: Sequence[str], received: Ma
         except ValueError as e:
             return Outcome(False, f"peer {peer[-8:]} sent no meeting ({e})", {})
         if meeting.round != mine.round or meeting.group != mine.group:
-            return Outcome(False, f"peer {peer[-8:]} planned another group (round {meeting.round})", {})
+            return Outcome(False, f"peer {peer[-8:]} planned another group (round {meeting.round})", {},
+                           disagreed=True)
         if not admitted(peer, meeting.cred):
             return Outcome(False, f"peer {peer[-8:]} has no valid credential", {})
         meetings[peer] = meeting

@@ -31,6 +31,10 @@ class RoundResult:
     from_board: bool = False  # the group formed from the progress board (else by hivemind's matchmaking)
     meet_s: float = 0.0  # seconds forming the group (the board's meeting, then matchmaking if it fell back)
     allreduce_s: float = 0.0  # seconds in the all-reduce
+    #: FAILED because a planned groupmate saw another board: try again once a fresh read of the board came in (the
+    #: round's peers may have gone on without us: then the read shows them ahead and we take their state), not
+    #: after matchmaking's pause
+    reread: bool = False
 
 
 def round_outcome(me: str, my_hash: str, info: Mapping[str, Mapping], complete: bool,

@@ -152,6 +152,9 @@ class RoundAverager(abc.ABC):
         self.mid_round = False
         self.reached_h_at: Optional[float] = None
         self.retry_at = 0.0
+        #: a round failed because a groupmate planned another group: the next try waits for a board read begun after
+        #: this time (see :meth:`_awaiting_read`)
+        self._reread_after = 0.0
         #: the last round whose meeting this peer went to. Once a round: its meeting and its "go" are published
         #: once and never change, so a groupmate can never read a stale answer of an earlier try
         self._met_round = -1
@@ -356,7 +359,7 @@ class RoundAverager(abc.ABC):
                 return None  # the round's all-reduce runs on while we train
             self._finish_round(pending, self._result_of(pending))  # waits once the next round's steps are taken
             now = time.time()
-        if now < self.retry_at:
+        if now < self.retry_at or self._awaiting_read(now):
             return None
         board_now = self._board_time()
         decision = round_decision(board_now, self.progress(), self._peers, self.rules, self.reached_h_at)
@@ -372,6 +375,13 @@ class RoundAverager(abc.ABC):
         else:
             self._average(early)
         return decision
+
+    def _awaiting_read(self, now: float) -> bool:
+        """After a meeting whose groupmates had planned another group: no new try until a read of the board that
+        began since has come in (at most ``stale_after``, should reads fail). Before this a newcomer to a fast swarm
+        never caught up: the others' group formed without it, it fell back to matchmaking alone (seconds), and by
+        then they were many rounds on."""
+        return self._peers_read_at <= self._reread_after and now < self._reread_after + self.rules.stale_after
 
     def _board_time(self) -> float:
         """The time the board's records are judged at: when its last read began, so that a slow read does not make
@@ -477,6 +487,10 @@ class RoundAverager(abc.ABC):
         if result.kind is Kind.UNFILLED:  # _meet said why; train on, round_decision says when to try again
             return
         self.stats.last_reason = f"round {launch.round}: {result.reason}; training on and retrying"
+        if result.reread:  # views of the board differ while peers come and go: expected, and over at the next read
+            logger.info("%s after the next read of the board", self.stats.last_reason)
+            self._reread_after = time.time()
+            return
         logger.warning("%s", self.stats.last_reason)
         self.retry_at = time.time() + self.cfg.matchmaking_time
 
@@ -489,14 +503,15 @@ class RoundAverager(abc.ABC):
     def give_back_round(self, launch: PendingRound) -> None:
         """Overlap: the round did not happen; undo :meth:`hold_round`, keeping the steps taken since."""
 
-    def _meet(self, launch: PendingRound) -> tuple[Optional[tuple[list, dict]], str]:
+    def _meet(self, launch: PendingRound) -> tuple[Optional[tuple[list, dict]], str, bool]:
         """Form this round's group from the progress board (cotrain.averaging.groups): plan the groups of the peers
-        at this round, publish our meeting, fetch our planned groupmates'. -> ((group, info by peer id), "") when
-        they all agree; (None, why) when they do not (the caller falls back to hivemind's matchmaking)."""
+        at this round, publish our meeting, fetch our planned groupmates'. -> ((group, info by peer id), "", False)
+        when they all agree; (None, why, disagreed) when they do not: ``disagreed`` when a groupmate planned another
+        group (the caller waits for a fresh board read), else the caller falls back to hivemind's matchmaking."""
         members = self._board_group(self._board_time())
         self._met_round = launch.round
         if members is None:
-            return None, "no group of two on the board"
+            return None, "no group of two on the board", False
         mine = Meeting(launch.round, group_key(launch.round, members), launch.samples, self._hash,
                        not self.client_mode, self.admission.credential())
         others = [m for m in members if m != self.peer_id]
@@ -504,7 +519,7 @@ class RoundAverager(abc.ABC):
             peers = {m: PeerID.from_base58(m) for m in others}
         except ValueError:  # the board's records were checked when read: a bug worth seeing
             logger.warning("round %d: a planned groupmate has no valid peer id; matchmaking instead", launch.round)
-            return None, "a planned groupmate has no valid peer id"
+            return None, "a planned groupmate has no valid peer id", False
 
         def admitted(peer: str, cred: bytes) -> bool:
             return self.admission.check(cred, peer, "a place in an averaging group").ok
@@ -513,11 +528,11 @@ class RoundAverager(abc.ABC):
                                self.cfg.request_timeout, admitted, self._stop)
         if not outcome.ok:
             logger.info("round %d: the board's group did not meet (%s)", launch.round, outcome.reason)
-            return None, outcome.reason
+            return None, outcome.reason, outcome.disagreed
         info = {peer: dict(round=m.round, samples=m.samples, hash=m.hash, reducer=m.reducer)
                 for peer, m in outcome.meetings.items()}
         group = sorted([PeerID.from_base58(self.peer_id), *peers.values()], key=str)
-        return (group, info), ""
+        return (group, info), "", False
 
     def _matchmake(self, weight: float, launch: PendingRound) -> tuple[Optional[tuple[list, dict]], str]:
         """hivemind's matchmaking (it waits matchmaking_time for followers). -> ((admitted group, info by peer id),
@@ -544,11 +559,13 @@ class RoundAverager(abc.ABC):
         weight = float(max(1, launch.samples))
         started = time.monotonic()
         board = self.cfg.group_formation == "board" and self._met_round != launch.round
-        formed, why = self._meet(launch) if board else (None, "")
+        formed, why, disagreed = self._meet(launch) if board else (None, "", False)
         from_board = formed is not None
         if formed is None and launch.early:
             return RoundResult(Kind.UNFILLED, why or "the planned group did not meet",
                                meet_s=time.monotonic() - started)
+        if formed is None and disagreed:
+            return RoundResult(Kind.FAILED, why, meet_s=time.monotonic() - started, reread=True)
         if formed is None:
             formed, why = self._matchmake(weight, launch)
             if formed is None:

@@ -149,14 +149,6 @@ def torch_threads(allowed: Iterable[int], cpu_max: Optional[str] = None, threads
     return count, f"one per CPU: {cpus}"
 
 
-def resident_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 @dataclass
 class IdleDecision:
     pause: bool

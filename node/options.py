@@ -112,8 +112,9 @@ FLAGS = (
     Flag("max_cpus", int, "use at most this many CPUs", group="limits", limits=(0, float("inf"))),
     Flag("cpus", str, "run on these CPUs only (e.g. 0,1 or 0-3, as taskset -c); with --max-cpus, the first of them",
          group="limits", metavar="LIST", convert=parse_cpu_list),
-    Flag("max_memory", str, "leave cleanly when using more memory than this (e.g. 4G)", group="limits",
-         convert=_size),
+    Flag("max_memory", str, "leave cleanly when using more memory than this (e.g. 4G), all its processes together "
+                            "(proportional set size: shared pages split between the processes sharing them)",
+         group="limits", convert=_size),
     Flag("max_upload_mbps", float, "cap what this node sends, in Mbit/s", group="limits", limits=(0, float("inf"))),
     Flag("only_when_idle", bool, "pause training while other programs keep this machine busy", group="limits"),
     Flag("ca", str, "CA certificate that signed the coordinator's TLS certificate (default: the system's roots)",

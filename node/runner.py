@@ -38,10 +38,14 @@ from cotrain.v1 import coordinator_pb2 as pb
 
 from cotrain.node.options import NodeOptions
 from cotrain.node.work import WorkQueue
-from cotrain.node.limits import (IdleMonitor, OtherProcessesLoad, format_cpu_list, pin_cpus, read_cpu_max,
-                                 resident_bytes, torch_threads)
+from cotrain.node.limits import IdleMonitor, OtherProcessesLoad, format_cpu_list, pin_cpus, read_cpu_max, torch_threads
+from cotrain.footprint import Footprint, footprint
 
 logger = logging.getLogger(__name__)
+
+#: seconds between two measures of what the node's processes cost (reading /proc takes a few milliseconds; memory
+#: moves slowly): the heartbeat reports the last one, and --max-memory is checked against it
+FOOTPRINT_EVERY_S = 5.0
 
 
 def pick_device(name: str) -> torch.device:
@@ -63,6 +67,8 @@ class Metrics:
         self.compute_s = 0.0
         self.started = time.monotonic()
         self._window: list[tuple[float, int]] = []
+        self.footprint = Footprint()  # the node's processes, as last measured
+        self.heartbeat_ms = 0.0  # the previous heartbeat's round trip
 
     def update(self, loss: float, samples: int, compute_s: float) -> None:
         now = time.monotonic()
@@ -414,7 +420,6 @@ class Node:
         Written atomically at every new round and every ``log_every_s``."""
         if not self.options.state_dir:
             return
-        a = self.averaging
         status = dict(message_to_dict(self.node_metrics()), time=time.time(), pid=os.getpid())
         try:
             atomic_write_bytes(self.options.state_dir / "status.json", json.dumps(status).encode(), durable=False)
@@ -439,17 +444,27 @@ class Node:
                                   state_bytes_received=a.exchange.state_bytes_received, peer_id=a.peer_id,
                                   flagged_peers=sorted(a.stats.flagged)[:32], units_done=self.work.units_done,
                                   refused=self.admission.refused,
-                                  refused_peers=sorted(self.admission.refused_peers)[:32])
+                                  refused_peers=sorted(self.admission.refused_peers)[:32],
+                                  memory_bytes=m.footprint.pss_bytes, processes=m.footprint.processes,
+                                  heartbeat_ms=m.heartbeat_ms)
 
     def _heartbeat_loop(self, interval: float) -> None:
         outage = Outage("heartbeat", logger)
+        measured = -math.inf
         while not self.stop.wait(interval):
-            if self.options.max_memory and resident_bytes() > self.options.max_memory:
-                self.request_stop(f"using {resident_bytes() / 2**20:.0f} MiB, more than --max-memory "
-                                  f"{self.options.max_memory / 2**20:.0f} MiB")
-                break
+            if time.monotonic() - measured >= FOOTPRINT_EVERY_S:
+                measured, used = time.monotonic(), footprint()
+                with self.metrics.lock:
+                    self.metrics.footprint = used
+                if self.options.max_memory and used.pss_bytes > self.options.max_memory:
+                    self.request_stop(f"using {used.pss_bytes / 2**20:.0f} MiB in {used.processes} processes, more "
+                                      f"than --max-memory {self.options.max_memory / 2**20:.0f} MiB")
+                    break
             try:
+                sent = time.monotonic()
                 response = self.client.heartbeat(self.node_metrics())
+                with self.metrics.lock:
+                    self.metrics.heartbeat_ms = (time.monotonic() - sent) * 1e3
             except grpc.RpcError as e:  # keep training while the coordinator is away; the swarm does not need it
                 outage.failed(e, action="training on and retrying")
                 continue

@@ -69,12 +69,13 @@ def test_join(server, token, name, version, node_id, cpus, memory):
 
 
 @FUZZ
-@given(step=u64, loss=floats, sps=floats, sent=u64, compute=floats, forged=st.booleans())
-def test_heartbeat(server, step, loss, sps, sent, compute, forged):
+@given(step=u64, loss=floats, sps=floats, sent=u64, compute=floats, forged=st.booleans(), memory=u64, rtt=floats)
+def test_heartbeat(server, step, loss, sps, sent, compute, forged, memory, rtt):
     stub, _, good = server
     session = "forged" if forged else good.session
     call(stub.Heartbeat, pb.HeartbeatRequest(node_id=good.node_id, session=session, metrics=pb.NodeMetrics(
-        step=step, loss=loss, samples_per_s=sps, bytes_sent=sent, compute_s=compute)))
+        step=step, loss=loss, samples_per_s=sps, bytes_sent=sent, compute_s=compute, memory_bytes=memory,
+        heartbeat_ms=rtt)))
     still_answers(stub)
 
 

@@ -136,6 +136,9 @@ def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, cor
             assert torch.equal(tensor, other.tensors[name]), f"{name} differs between the nodes"
     assert all(n.metrics.bytes_sent > 0 and n.metrics.partial_rounds == 0 for n in health.nodes)
     statuses = [json.loads((tmp_path / f"node-{i}" / "status.json").read_text()) for i in range(3)]
+    # what each node costs, all its processes (itself, hivemind's DHT and averager processes, the libp2p daemon)
+    assert all(s["processes"] >= 3 and s["memory_bytes"] > 100 << 20 and s["heartbeat_ms"] > 0
+               for s in statuses), statuses
     if formation == "board":  # the peers agree on their group from the board: no matchmaking in a calm swarm
         assert all(s["groups_from_board"] >= 2 for s in statuses), statuses
         # the fast nodes took their H steps a round and went to the meeting; the straggler came when it saw them

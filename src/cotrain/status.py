@@ -53,8 +53,8 @@ def health_table(health: pb.SwarmHealth):
 
     now = health.now_unix or time.time()
     table = Table(title=f"swarm {health.run_id}", expand=False)
-    for column in ("node", "state", "reach", "step", "round", "loss", "samples/s", "bytes/s", "sent", "received", "units",
-                   "last seen"):
+    for column in ("node", "state", "reach", "step", "round", "loss", "samples/s", "bytes/s", "sent", "received", "memory",
+                   "units", "last seen"):
         table.add_column(column, justify="left" if column in ("node", "state", "reach") else "right")
     for node in health.nodes:
         m = node.metrics
@@ -62,7 +62,8 @@ def health_table(health: pb.SwarmHealth):
         style = {"healthy": "green", "straggler": "yellow", "lost": "red", "left": "dim"}.get(node.state, "")
         table.add_row(node.node_name, Text(node.state, style=style), node.reachability or "-", str(m.step), str(m.round), loss,
                       f"{m.samples_per_s:.1f}", _fmt_bytes(node.bytes_per_s) + "/s", _fmt_bytes(m.bytes_sent),
-                      _fmt_bytes(m.bytes_received), f"{m.units_done} done" + "".join(f", {u}" for u in node.units),
+                      _fmt_bytes(m.bytes_received), _fmt_bytes(m.memory_bytes) if m.memory_bytes else "-",
+                      f"{m.units_done} done" + "".join(f", {u}" for u in node.units),
                       f"{max(0.0, now - node.last_seen_unix):.0f}s ago")
     t = health.totals
     if math.isfinite(t.val_bpc):

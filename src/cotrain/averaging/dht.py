@@ -23,6 +23,7 @@ def start_dht(initial_peers: Sequence[str] = (), host: str = "127.0.0.1", port: 
     listening ones (a public address behind port forwarding or a cloud load balancer).
     """
     die_with_parent()
+    share_tensors_by_descriptor()
     handler = signal.getsignal(signal.SIGINT)
     kwargs = {}
     if identity_path is not None:
@@ -38,6 +39,17 @@ def start_dht(initial_peers: Sequence[str] = (), host: str = "127.0.0.1", port: 
     )
     signal.signal(signal.SIGINT, handler)
     return dht
+
+
+def share_tensors_by_descriptor() -> None:
+    """Undo hivemind's choice of torch's "file_system" sharing strategy (made when it is imported): with it, the first
+    tensor hivemind shares with its DHT or averager process starts a ``torch_shm_manager`` daemon, 110 MB resident
+    (66 MB proportional) of a node's memory. Those processes are forked, so they share tensors by inherited file
+    descriptors just as well. An operator's ``HIVEMIND_MEMORY_SHARING_STRATEGY`` is left as it is."""
+    if "HIVEMIND_MEMORY_SHARING_STRATEGY" not in os.environ:
+        import torch.multiprocessing
+
+        torch.multiprocessing.set_sharing_strategy("file_descriptor")
 
 
 _DIE_WITH_PARENT = False

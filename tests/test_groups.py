@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from cotrain.averaging.groups import (MAX_MEETING_BYTES, Meeting, group_key, group_of, hold_meeting, meeting_outcome,
-                                      plan_groups)
+from cotrain.averaging.groups import (MAX_MEETING_BYTES, NO_GO, Meeting, group_key, group_of, hold_meeting,
+                                      meeting_outcome, plan_groups)
 
 PEERS = [f"Qm{i:02d}" for i in range(10)]
 
@@ -41,15 +41,17 @@ def test_group_key_names_the_round_and_the_members():
 
 
 def meeting(round_number=4, group="g", cred=b"ok", **kw):
-    return Meeting(round_number, group, kw.get("samples", 32), kw.get("hash", "h"), kw.get("reducer", True), cred)
+    return Meeting(round_number, group, kw.get("samples", 32), kw.get("hash", "h"), kw.get("reducer", True), cred,
+                   kw.get("attempt", 0))
 
 
 def test_a_meeting_survives_the_wire_and_bad_bytes_name_the_field():
-    m = meeting(samples=96, reducer=False, cred=bytes(range(40)))
+    m = meeting(samples=96, reducer=False, cred=bytes(range(40)), attempt=3)
     assert Meeting.decode(m.encode()) == m
     for data, field in [(b"\xff", "JSON"), (b"[1]", "object"), (b'{"round": "4"}', "round"),
                         (m.encode().replace(b'"samples": 96', b'"samples": true'), "samples"),
                         (m.encode().replace(b'"cred": "', b'"cred": "zz'), "cred"),
+                        (m.encode().replace(b'"attempt": 3', b'"attempt": -1'), "attempt"),
                         (b"x" * (MAX_MEETING_BYTES + 1), "bytes")]:
         with pytest.raises(ValueError, match=field):
             Meeting.decode(data)
@@ -153,3 +155,28 @@ def test_a_groupmate_whose_meeting_failed_stops_the_others():
     # a's and b's meetings agree, but c reached them planning another group and says so: nobody of {a,b,c} goes
     outcomes = meet_all({"a": ["a", "b", "c"], "b": ["a", "b", "c"], "c": ["a", "b", "c", "d"]}, wait_s=0.5)
     assert not any(o.ok for o in outcomes.values()), outcomes
+
+
+def test_a_peer_that_read_an_earlier_meeting_of_a_groupmate_does_not_go_with_it():
+    # a's first meeting of the round did not fill; b read it in the moment before a withdrew it. With one answer
+    # a round, a meeting again would go (b said "yes") while b stayed (a's first answer was "no"). Each meeting is
+    # answered apart, with which meetings the peer met, and a failed one is withdrawn: neither goes, both meet again
+    board = Board()
+    key = group_key(4, ["a", "b"])
+    a_transport = board.transport("a")
+    a_transport.publish("meet-r4", "meet-r4/meeting", meeting(group=key).encode())  # a's first meeting, failing
+    a_transport.publish("meet-r4", "meet-r4/go/0", NO_GO)
+    b = hold_meeting(board.transport("b"), "b", meeting(group=key), {"a": "a"}, 1.0, 1.0, admit_ok)
+    assert not b.ok and "its meeting failed" in b.reason
+    a = hold_meeting(a_transport, "a", meeting(group=key, attempt=1), {"b": "b"}, 0.3, 0.3, admit_ok)
+    assert not a.ok and "did not come" in a.reason  # b's failed meeting was withdrawn: a does not meet it
+    # their next meetings agree: both go, whoever publishes first
+    outcomes = {}
+    threads = [threading.Thread(target=lambda me, other, n: outcomes.__setitem__(me, hold_meeting(
+        board.transport(me), me, meeting(group=key, attempt=n), {other: other}, 2.0, 2.0, admit_ok)),
+        args=args) for args in (("a", "b", 2), ("b", "a", 1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert outcomes["a"].ok and outcomes["b"].ok, outcomes

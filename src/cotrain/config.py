@@ -221,9 +221,12 @@ class AveragingConfig(_Section):
     #: (cotrain.averaging.groups), goes to the round's meeting when it took its H steps, and the all-reduce starts a
     #: round trip after the last groupmate got there (rounds 3x shorter on loopback, bench/rounds.py); when views
     #: disagree, or two planned members are behind NAT (they cannot fetch each other's meeting), it falls back to
-    #: matchmaking. "matchmaking": hivemind's, which waits up to matchmaking_time every round (and less once
-    #: target_group_size peers are there).
-    group_formation: Literal["board", "matchmaking"] = "board"
+    #: matchmaking. "board_only": the board without the fallback, so without hivemind's averager process (one
+    #: process and about 140 MB less per node, bench/scale.py); a meeting that does not fill is held again at the
+    #: next try, and a group needs a member others can dial (two peers behind NAT cannot meet each other).
+    #: "matchmaking": hivemind's, which waits up to matchmaking_time every round (and less once target_group_size
+    #: peers are there).
+    group_formation: Literal["board", "board_only", "matchmaking"] = "board"
     #: average each round in the background while the node takes the next round's local steps, and apply the
     #: result when it arrives (one round of delay; DiLoCo with eager updates: see cotrain.averaging.overlap): hides
     #: the meeting and the all-reduce behind compute; a round that fails gives the node back its work, as without

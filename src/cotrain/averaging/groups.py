@@ -59,10 +59,13 @@ class Meeting:
     hash: str  # its shared state's hash (a peer whose state differs resyncs after the round)
     reducer: bool  # False: nobody can dial it (behind NAT), it reduces no part
     cred: bytes  # its data-plane credential
+    #: its how-many-th meeting of the round (from 0): a peer that meets again in a round (its earlier meeting did
+    #: not fill) answers every meeting apart, so a groupmate that read an earlier one never reads a later answer
+    attempt: int = 0
 
     def encode(self) -> bytes:
         return json.dumps({"round": self.round, "group": self.group, "samples": self.samples, "hash": self.hash,
-                           "reducer": self.reducer, "cred": self.cred.hex()}).encode()
+                           "reducer": self.reducer, "cred": self.cred.hex(), "attempt": self.attempt}).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> "Meeting":
@@ -75,18 +78,19 @@ class Meeting:
             raise ValueError(f"meeting: not JSON ({e})") from None
         if not isinstance(raw, dict):
             raise ValueError("meeting: not an object")
-        kinds = {"round": int, "group": str, "samples": int, "hash": str, "reducer": bool, "cred": str}
+        kinds = {"round": int, "group": str, "samples": int, "hash": str, "reducer": bool, "cred": str, "attempt": int}
         for field, kind in kinds.items():
             value = raw.get(field)
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
                 raise ValueError(f"meeting: {field} must be {kind.__name__}, got {type(value).__name__}")
-        if raw["round"] < 0 or raw["samples"] < 0:
-            raise ValueError("meeting: round and samples must be >= 0")
+        if raw["round"] < 0 or raw["samples"] < 0 or raw["attempt"] < 0:
+            raise ValueError("meeting: round, samples and attempt must be >= 0")
         try:
             cred = bytes.fromhex(raw["cred"])
         except ValueError:
             raise ValueError("meeting: cred must be hex") from None
-        return cls(raw["round"], raw["group"][:64], raw["samples"], raw["hash"][:64], raw["reducer"], cred)
+        return cls(raw["round"], raw["group"][:64], raw["samples"], raw["hash"][:64], raw["reducer"], cred,
+                   min(raw["attempt"], 1 << 31))
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,7 @@ def meeting_outcome(me: str, mine: Meeting, members: Sequence[str], received: Ma
         if peer == me:
             continue
         data = received.get(peer)
-        if data is None:
+        if not data:  # nothing yet, or its meeting withdrawn (it did not fill; it will meet again)
             return Outcome(False, f"peer {peer[-8:]} did not come to the round's meeting", {})
         try:
             meeting = Meeting.decode(data)
@@ -140,34 +144,55 @@ def fetch_until(transport: Transport, peers: Mapping[str, Any], key: str, wait_s
     deadline = time.monotonic() + wait_s
     received: dict[str, Optional[bytes]] = {}
     while True:
-        missing = [name for name in peers if received.get(name) is None]
+        missing = [name for name in peers if not received.get(name)]  # nothing yet, or withdrawn (WITHDRAWN)
         left = deadline - time.monotonic()
         if not missing or left <= 0 or stop.is_set():
             return received
         got = transport.fetch_many([(peers[name], key) for name in missing], wait_s=left)
         received.update(zip(missing, got))
-        if any(g is None for g in got):
+        if not all(got):
             stop.wait(min(retry_s, max(0.0, deadline - time.monotonic())))
+
+
+def meeting_view(meetings: Mapping[str, Meeting]) -> bytes:
+    """Which meeting of each member a peer met (member and attempt), as a short digest: the members of a group go
+    only when all of them met the very same meetings."""
+    seen = "|".join(f"{peer}:{m.attempt}" for peer, m in sorted(meetings.items()))
+    return hashlib.sha1(seen.encode()).hexdigest()[:16].encode()
+
+
+#: a peer's answer after a meeting that did not fill (a view digest is 16 hex characters, never this)
+NO_GO = b"-"
+#: what stands under a peer's meeting key once its meeting did not fill: a groupmate meeting it again waits for
+#: its next meeting, instead of meeting the old one (and then failing on its answer, over and over)
+WITHDRAWN = b""
 
 
 def hold_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[str, Any], wait_s: float,
                  go_wait_s: float, admitted: Callable[[str, bytes], bool],
                  stop: Optional[threading.Event] = None) -> Outcome:
     """This peer's side of a board group's meeting: publish ``mine``, fetch every planned groupmate's (``peers``: id
-    -> transport address, ``me`` excluded) for up to ``wait_s``, decide (:func:`meeting_outcome`), then say whether
-    it met and hear the others say it (up to ``go_wait_s``). The group goes only when all did, so that a peer whose
-    fetch failed (a groupmate it could not reach yet) does not fall back to matchmaking while the others start
-    without it. Published under the round's tag once a round: a groupmate never reads a stale answer."""
+    -> transport address, ``me`` excluded) for up to ``wait_s``, decide (:func:`meeting_outcome`), then answer
+    which meetings it met and hear the others' answers (up to ``go_wait_s``). The group goes only when every member
+    met the same meetings (:func:`meeting_view`), so that a peer whose fetch failed (a groupmate it could not reach
+    yet) does not fall back while the others start without it, and a peer that read a groupmate's earlier meeting
+    of the round (``Meeting.attempt``) does not go with one that met its later one. A meeting is published under
+    the round's tag and each answer under its attempt: answers never change once given."""
     tag = f"meet-r{mine.round}"
     transport.publish(tag, f"{tag}/meeting", mine.encode())
     received = fetch_until(transport, peers, f"{tag}/meeting", wait_s, stop)
     outcome = meeting_outcome(me, mine, [me, *peers], received, admitted)
-    transport.publish(tag, f"{tag}/go", b"1" if outcome.ok else b"0")
-    if not outcome.ok:
-        return outcome
-    answers = transport.fetch_many([(peers[p], f"{tag}/go") for p in peers], wait_s=go_wait_s)
-    for peer, answer in zip(peers, answers):
-        if answer != b"1":
-            return Outcome(False, f"peer {peer[-8:]} did not meet the others "
-                                  f"({'no answer' if answer is None else 'its meeting failed'})", {})
+    view = meeting_view(outcome.meetings) if outcome.ok else NO_GO
+    transport.publish(tag, f"{tag}/go/{mine.attempt}", view)
+    if outcome.ok:
+        answers = transport.fetch_many([(peers[p], f"{tag}/go/{outcome.meetings[p].attempt}") for p in peers],
+                                       wait_s=go_wait_s)
+        for peer, answer in zip(peers, answers):
+            if answer != view:
+                why = ("no answer" if answer is None else "its meeting failed" if answer == NO_GO else
+                       "it met other meetings of the round than we did")
+                outcome = Outcome(False, f"peer {peer[-8:]} did not meet the others ({why})", {})
+                break
+    if not outcome.ok:  # after its answer: a groupmate that read this meeting reads that it failed
+        transport.publish(tag, f"{tag}/meeting", WITHDRAWN)
     return outcome

@@ -155,9 +155,11 @@ class RoundAverager(abc.ABC):
         #: a round failed because a groupmate planned another group: the next try waits for a board read begun after
         #: this time (see :meth:`_awaiting_read`)
         self._reread_after = 0.0
-        #: the last round whose meeting this peer went to. Once a round: its meeting and its "go" are published
-        #: once and never change, so a groupmate can never read a stale answer of an earlier try
+        #: the last round whose meeting this peer went to, and how many meetings it held in it (each answered apart:
+        #: groups.Meeting.attempt). With matchmaking to fall back on a round holds one meeting; "board_only" meets
+        #: again at every try
         self._met_round = -1
+        self._meetings_held = 0
         self._last_group: set[str] = set()  # who averaged the round before this one
         self.stats = RoundStats()
         #: averaging.overlap: rounds run on this worker thread while the node trains on; one at a time
@@ -173,7 +175,9 @@ class RoundAverager(abc.ABC):
         self._stop = threading.Event()
         self._board_read = threading.Event()
         self._publisher = threading.Thread(target=self._publish_loop, name="progress", daemon=True)
-        self.averager = make_averager(dht, f"{run_id}_avg", cfg, client_mode=client_mode)
+        #: hivemind's averager, for matchmaking; "board_only" has none (a process and ~140 MB less per node)
+        self.averager = (make_averager(dht, f"{run_id}_avg", cfg, client_mode=client_mode)
+                         if cfg.group_formation != "board_only" else None)
         # a round publishes under up to three tags (its meeting, PowerSGD's two phases): keep two rounds' worth
         self.exchange = Exchange(dht, f"{run_id}_exchange", admission, keep_tags=6,
                                  limiter=UploadLimiter(upload_bps) if upload_bps else None)
@@ -396,7 +400,7 @@ class RoundAverager(abc.ABC):
         peers that get there together start the all-reduce a round trip after the last one, instead of a board
         read or two later (rounds paced by progress_interval). A meeting that does not fill (a slower peer) sends
         it back to training, and round_decision's waiting goes on as without it."""
-        return (self.cfg.group_formation == "board" and self.reached_h_at is not None
+        return (self.cfg.group_formation != "matchmaking" and self.reached_h_at is not None
                 and self._met_round != self.round and self._board_group(now) is not None)
 
     def _board_group(self, now: float) -> Optional[list[str]]:
@@ -509,11 +513,12 @@ class RoundAverager(abc.ABC):
         when they all agree; (None, why, disagreed) when they do not: ``disagreed`` when a groupmate planned another
         group (the caller waits for a fresh board read), else the caller falls back to hivemind's matchmaking."""
         members = self._board_group(self._board_time())
+        self._meetings_held = self._meetings_held + 1 if self._met_round == launch.round else 1
         self._met_round = launch.round
         if members is None:
             return None, "no group of two on the board", False
         mine = Meeting(launch.round, group_key(launch.round, members), launch.samples, self._hash,
-                       not self.client_mode, self.admission.credential())
+                       not self.client_mode, self.admission.credential(), attempt=self._meetings_held - 1)
         others = [m for m in members if m != self.peer_id]
         try:
             peers = {m: PeerID.from_base58(m) for m in others}
@@ -558,14 +563,15 @@ class RoundAverager(abc.ABC):
         changing the model, which the main thread does with the result (:meth:`_finish_round`)."""
         weight = float(max(1, launch.samples))
         started = time.monotonic()
-        board = self.cfg.group_formation == "board" and self._met_round != launch.round
+        board = self.cfg.group_formation == "board_only" or (self.cfg.group_formation == "board"
+                                                              and self._met_round != launch.round)
         formed, why, disagreed = self._meet(launch) if board else (None, "", False)
         from_board = formed is not None
         if formed is None and launch.early:
             return RoundResult(Kind.UNFILLED, why or "the planned group did not meet",
                                meet_s=time.monotonic() - started)
-        if formed is None and disagreed:
-            return RoundResult(Kind.FAILED, why, meet_s=time.monotonic() - started, reread=True)
+        if formed is None and (disagreed or self.averager is None):  # no matchmaking: meet again at the next try
+            return RoundResult(Kind.FAILED, why, meet_s=time.monotonic() - started, reread=disagreed)
         if formed is None:
             formed, why = self._matchmake(weight, launch)
             if formed is None:
@@ -665,7 +671,7 @@ class RoundAverager(abc.ABC):
         except Exception as e:  # noqa: BLE001 - the record then expires by itself within its TTL
             logger.warning("could not announce leaving on the progress board (%r); the record expires by itself", e)
         self.exchange.shutdown()
-        if self.averager.is_alive():
+        if self.averager is not None and self.averager.is_alive():
             self.averager.shutdown()
 
 

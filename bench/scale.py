@@ -1,0 +1,159 @@
+"""How a swarm grows on one machine: 4, 8, 16, 32 real nodes (processes) training one model in groups of the same
+size, what each round takes and what each node costs.
+
+    python bench/scale.py [--nodes 4 8 16 32] [--group 4] [--samples 40000] [--json FILE]
+
+Every run is a real swarm on this machine: a coordinator and N ``cotrain node join`` processes, one torch thread
+each (more nodes than cores: the kernel shares the cores out), a small byte-level LSTM, DiLoCo with
+``target_group_size = --group``, so that a round's group is the same size at every swarm size and only the swarm
+around it grows. Each run trains until the nodes together took ``--samples`` samples, so the validation loss of the
+runs compares the same amount of training. Columns:
+
+- ``round s``: seconds per round, median over the nodes, between the round each had when all were averaging and
+  the last (the machine's two cores are shared by all nodes, so at a fixed budget more nodes mean slower steps:
+  ``round s`` grows with the swarm even when averaging costs nothing more; ``step s`` says how much);
+- ``partial``: rounds some node ended with fewer groupmates than it saw, over all rounds averaged;
+- ``PSS MB`` and ``RSS MB``: what one node costs, all its processes (the node, hivemind's DHT and averager
+  processes, the libp2p daemon): proportional set size (shared pages split between the processes sharing them:
+  summed over the machine it is the memory in use) and the sum of resident sets (shared pages counted in each);
+- ``coord CPU``: the coordinator's CPU over the run (cores: 1.0 is one core busy);
+- ``heartbeat p99 ms``: the nodes' heartbeat round trips, 99th percentile of every one sampled;
+- ``val loss``: the shared model's validation loss (nats per byte) after the budget.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (Swarm, bench_parser, default_text, final_checkpoint, interruptible, lstm_config,  # noqa: E402
+                    print_table, work_folder, write_json)
+
+from cotrain.config import RunConfig  # noqa: E402
+from cotrain.evaluation import evaluate_state  # noqa: E402
+from cotrain.footprint import footprint  # noqa: E402
+
+
+def make_config(args) -> RunConfig:
+    return lstm_config(
+        "scale", args.data, args.hidden, embed_dim=16, seq_len=32, batch_size=8,
+        optimizer={"lr": 3e-3, "grad_clip": 1.0},
+        averaging={"strategy": "diloco", "inner_steps": args.inner_steps, "target_group_size": args.group,
+                   "progress_interval": args.progress_interval, "matchmaking_time": 3.0, "request_timeout": 2.0,
+                   "round_wait": 10.0, "allreduce_timeout": 60.0},
+        compression={"kind": "none"},
+        coordinator={"heartbeat_interval_s": args.heartbeat_interval, "lost_after_missed": 30,
+                     "eval_bytes": 32768})
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def one_run(args, nodes: int) -> dict:
+    cfg = make_config(args)
+    names = [f"node-{i}" for i in range(nodes)]
+    with work_folder("cotrain-scale-", keep=args.keep) as tmp, Swarm(cfg, tmp, nodes=nodes) as swarm:
+        started = time.monotonic()
+        procs = [swarm.start_node(name, ["--wait-peers", str(nodes)]) for name in names]
+        deadline = started + args.timeout
+        first: dict[str, tuple[int, float]] = {}  # node -> (round, wall_s) once every node has averaged
+        rtts: list[float] = []
+        rows: dict[str, object] = {}
+        warm_at = coordinator_cpu0 = None
+        costs: list = []
+        while True:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{nodes} nodes: the budget was not reached in {args.timeout:.0f}s "
+                                   f"(run again with --keep to read the logs in {tmp})")
+            dead = [p.name for p in procs if not p.alive()]
+            if dead:
+                raise RuntimeError(f"{nodes} nodes: {', '.join(dead)} exited (logs in {tmp}; --keep keeps them)")
+            rows = {n.node_name: n.metrics for n in swarm.health().nodes}
+            if warm_at is None and len(rows) == nodes and all(m.rounds_completed >= 1 for m in rows.values()):
+                warm_at = time.monotonic()
+                coordinator_cpu0 = footprint(swarm.coordinator.pid).cpu_s
+                first = {name: (m.round, m.wall_s) for name, m in rows.items()}
+                print(f"  {nodes} nodes averaging after {warm_at - started:.0f}s", flush=True)
+            if warm_at is not None:
+                rtts += [m.heartbeat_ms for m in rows.values() if m.heartbeat_ms > 0]
+                if not costs:  # once, while they train: the node processes' trees as this bench sees them
+                    costs = [footprint(p.pid) for p in procs]
+            samples = sum(m.samples_local for m in rows.values())
+            if warm_at is not None and samples >= args.samples:
+                break
+            time.sleep(2.0)
+        window = time.monotonic() - warm_at
+        coordinator_cpu = (footprint(swarm.coordinator.pid).cpu_s - coordinator_cpu0) / window
+        per_round, per_step = [], []
+        for name, m in rows.items():
+            r0, w0 = first[name]
+            if m.round > r0:
+                per_round.append((m.wall_s - w0) / (m.round - r0))
+        steps = sum(m.step for m in rows.values())
+        per_step = window * nodes / max(1, steps)
+        completed = sum(m.rounds_completed for m in rows.values())
+        partial = sum(m.partial_rounds for m in rows.values())
+        pss = statistics.mean(m.memory_bytes for m in rows.values()) / 2**20
+        codes = swarm.stop_nodes()
+        if any(code not in (0, None) for code in codes):
+            raise RuntimeError(f"{nodes} nodes: exit codes {codes} (logs in {tmp}; --keep keeps them)")
+        final = final_checkpoint(tmp, names)
+        metrics = evaluate_state(cfg, final.model_state(), max_bytes=args.eval_bytes)
+    round_s = statistics.median(per_round) if per_round else float("nan")
+    return dict(nodes=nodes, group=args.group, round_s=round_s, rounds_per_min=60.0 / round_s if per_round else 0.0,
+                step_s=per_step, partial_rounds=partial, rounds_completed=completed,
+                partial_fraction=partial / max(1, completed),
+                rss_mb_per_node=statistics.mean(c.rss_bytes for c in costs) / 2**20 if costs else float("nan"),
+                pss_mb_per_node=pss,
+                processes_per_node=statistics.mean(c.processes for c in costs) if costs else 0,
+                coordinator_cpu=coordinator_cpu, heartbeat_p99_ms=percentile(rtts, 0.99),
+                val_loss=metrics["val_loss"], val_bpc=metrics.get("val_bpc"), samples=samples,
+                window_s=window, final_round=final.round)
+
+
+def main() -> None:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8, 16, 32], help="swarm sizes")
+    parser.add_argument("--group", type=int, default=4, help="averaging.target_group_size at every size")
+    parser.add_argument("--samples", type=int, default=100_000, help="samples the nodes take together, per run")
+    parser.add_argument("--hidden", type=int, default=64, help="LSTM hidden size")
+    parser.add_argument("--inner-steps", type=int, default=20, help="local steps per round (H)")
+    parser.add_argument("--progress-interval", type=float, default=1.0)
+    parser.add_argument("--heartbeat-interval", type=float, default=2.0)
+    parser.add_argument("--eval-bytes", type=int, default=65536, help="validation bytes the final model is scored on")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take")
+    parser.add_argument("--keep", action="store_true", help="keep the runs' folders (logs, state)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    args.data = args.data or default_text()
+    runs = []
+    try:
+        with interruptible():
+            for nodes in args.nodes:
+                row = one_run(args, nodes)
+                runs.append(row)
+                print(f"  {nodes} nodes: round {row['round_s']:.2f}s, {row['pss_mb_per_node']:.0f} MB a node, val "
+                      f"loss {row['val_loss']:.4f}", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted: the runs so far", file=sys.stderr)
+    print_table(f"A swarm on this machine, groups of {args.group}, {args.samples} samples a run",
+                ["nodes", "round s", "rounds/min", "step s", "partial", "PSS MB", "RSS MB", "processes",
+                 "coord CPU", "heartbeat p99 ms", "val loss"],
+                [[r["nodes"], r["round_s"], r["rounds_per_min"], r["step_s"],
+                  f"{r['partial_rounds']}/{r['rounds_completed']}", r["pss_mb_per_node"], r["rss_mb_per_node"],
+                  r["processes_per_node"], r["coordinator_cpu"], r["heartbeat_p99_ms"], r["val_loss"]]
+                 for r in runs])
+    write_json(args.json, {"runs": runs, "group": args.group, "samples": args.samples, "hidden": args.hidden,
+                           "inner_steps": args.inner_steps})
+
+
+if __name__ == "__main__":
+    main()

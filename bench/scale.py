@@ -1,7 +1,7 @@
 """How a swarm grows on one machine: 4, 8, 16, 32 real nodes (processes) training one model in groups of the same
 size, what each round takes and what each node costs.
 
-    python bench/scale.py [--nodes 4 8 16 32] [--group 4] [--samples 40000] [--json FILE]
+    python bench/scale.py [--nodes 4 8 16 32] [--group 4] [--samples 100000] [--formation board] [--json FILE]
 
 Every run is a real swarm on this machine: a coordinator and N ``cotrain node join`` processes, one torch thread
 each (more nodes than cores: the kernel shares the cores out), a small byte-level LSTM, DiLoCo with
@@ -43,6 +43,7 @@ def make_config(args) -> RunConfig:
         "scale", args.data, args.hidden, embed_dim=16, seq_len=32, batch_size=8,
         optimizer={"lr": 3e-3, "grad_clip": 1.0},
         averaging={"strategy": "diloco", "inner_steps": args.inner_steps, "target_group_size": args.group,
+                   "group_formation": args.formation,
                    "progress_interval": args.progress_interval, "matchmaking_time": 3.0, "request_timeout": 2.0,
                    "round_wait": 10.0, "allreduce_timeout": 60.0},
         compression={"kind": "none"},
@@ -62,7 +63,9 @@ def one_run(args, nodes: int) -> dict:
     names = [f"node-{i}" for i in range(nodes)]
     with work_folder("cotrain-scale-", keep=args.keep) as tmp, Swarm(cfg, tmp, nodes=nodes) as swarm:
         started = time.monotonic()
-        procs = [swarm.start_node(name, ["--wait-peers", str(nodes)]) for name in names]
+        # each waits for a few peers, not all: on two cores a board read of 16 peers took seconds and came back
+        # with some of them, and nodes waiting for all waited out --wait-peers' 5 minutes
+        procs = [swarm.start_node(name, ["--wait-peers", str(min(nodes, 8))]) for name in names]
         deadline = started + args.timeout
         first: dict[str, tuple[int, float]] = {}  # node -> (round, wall_s) once every node has averaged
         rtts: list[float] = []
@@ -108,7 +111,7 @@ def one_run(args, nodes: int) -> dict:
         final = final_checkpoint(tmp, names)
         metrics = evaluate_state(cfg, final.model_state(), max_bytes=args.eval_bytes)
     round_s = statistics.median(per_round) if per_round else float("nan")
-    return dict(nodes=nodes, group=args.group, round_s=round_s, rounds_per_min=60.0 / round_s if per_round else 0.0,
+    return dict(nodes=nodes, group=args.group, formation=args.formation, round_s=round_s, rounds_per_min=60.0 / round_s if per_round else 0.0,
                 step_s=per_step, partial_rounds=partial, rounds_completed=completed,
                 partial_fraction=partial / max(1, completed),
                 rss_mb_per_node=statistics.mean(c.rss_bytes for c in costs) / 2**20 if costs else float("nan"),
@@ -126,6 +129,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=100_000, help="samples the nodes take together, per run")
     parser.add_argument("--hidden", type=int, default=64, help="LSTM hidden size")
     parser.add_argument("--inner-steps", type=int, default=20, help="local steps per round (H)")
+    parser.add_argument("--formation", default="board", choices=["board", "board_only", "matchmaking"],
+                        help="averaging.group_formation (board_only: no hivemind averager process)")
     parser.add_argument("--progress-interval", type=float, default=1.0)
     parser.add_argument("--heartbeat-interval", type=float, default=2.0)
     parser.add_argument("--eval-bytes", type=int, default=65536, help="validation bytes the final model is scored on")
@@ -138,20 +143,26 @@ def main() -> None:
     try:
         with interruptible():
             for nodes in args.nodes:
-                row = one_run(args, nodes)
+                try:
+                    row = one_run(args, nodes)
+                except RuntimeError as e:  # a size this machine cannot run: said in the table, the others go on
+                    print(f"  {nodes} nodes: {e}", flush=True)
+                    runs.append(dict(nodes=nodes, group=args.group, formation=args.formation, error=str(e)))
+                    continue
                 runs.append(row)
                 print(f"  {nodes} nodes: round {row['round_s']:.2f}s, {row['pss_mb_per_node']:.0f} MB a node, val "
                       f"loss {row['val_loss']:.4f}", flush=True)
     except KeyboardInterrupt:
         print("interrupted: the runs so far", file=sys.stderr)
-    print_table(f"A swarm on this machine, groups of {args.group}, {args.samples} samples a run",
+    print_table(f"A swarm on this machine, groups of {args.group} formed by {args.formation}, {args.samples} samples a "
+                "run",
                 ["nodes", "round s", "rounds/min", "step s", "partial", "PSS MB", "RSS MB", "processes",
                  "coord CPU", "heartbeat p99 ms", "val loss"],
                 [[r["nodes"], r["round_s"], r["rounds_per_min"], r["step_s"],
                   f"{r['partial_rounds']}/{r['rounds_completed']}", r["pss_mb_per_node"], r["rss_mb_per_node"],
                   r["processes_per_node"], r["coordinator_cpu"], r["heartbeat_p99_ms"], r["val_loss"]]
-                 for r in runs])
-    write_json(args.json, {"runs": runs, "group": args.group, "samples": args.samples, "hidden": args.hidden,
+                 if "error" not in r else [r["nodes"], "did not run: " + r["error"][:60]] + [""] * 9 for r in runs])
+    write_json(args.json, {"runs": runs, "group": args.group, "formation": args.formation, "samples": args.samples, "hidden": args.hidden,
                            "inner_steps": args.inner_steps})
 
 

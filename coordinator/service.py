@@ -94,6 +94,9 @@ def _metrics_dict(m: pb.NodeMetrics) -> dict:
         raise InvalidField("metrics.peer_id / metrics.flagged_peers: too long")
     if len(m.refused_peers) > 64 or any(len(p) > 128 for p in m.refused_peers):
         raise InvalidField("metrics.refused_peers: at most 64 peer ids of at most 128 characters")
+    if len(m.last_group) > 64 or any(len(p) > 128 for p in m.last_group):
+        raise InvalidField("metrics.last_group: at most 64 peer ids of at most 128 characters")
+    out["last_group"] = list(m.last_group)
     out["flagged_peers"] = list(m.flagged_peers)
     out["refused_peers"] = list(m.refused_peers)
     for name in ("samples_per_s", "meet_s", "allreduce_s", "heartbeat_ms"):
@@ -382,6 +385,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         now = self.clock()
         views = self._views()
         rows, states = [], []
+        by_peer = {n.metrics.get("peer_id"): n.name for n in self.nodes.values() if n.metrics.get("peer_id")}
         totals = pb.SwarmTotals(val_loss=self.summary.val_loss, val_bpc=self.summary.val_bpc,
                                 val_round=self.summary.val_round, latest_checkpoint=self.summary.latest_checkpoint,
                                 latest_checkpoint_round=self.summary.latest_checkpoint_round,
@@ -398,14 +402,16 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             states.append((view, state, reason))
             m = pb.NodeMetrics(**{k: v for k, v in node.metrics.items() if k in METRIC_FIELDS},
                                flagged_peers=node.metrics.get("flagged_peers", []),
-                               refused_peers=node.metrics.get("refused_peers", []))
+                               refused_peers=node.metrics.get("refused_peers", []),
+                               last_group=node.metrics.get("last_group", []))
             rows.append(pb.NodeHealth(node_id=node.node_id, node_name=node.name, state=state, metrics=m,
                                       last_seen_unix=node.last_seen, joined_unix=node.joined, reason=reason,
                                       bytes_per_s=self.rates.get(node.node_id, (0, 0, 0.0))[2]
                                       if state in ("healthy", "straggler") else 0.0,
                                       units=[u.name for u in held_by(self.units, node.node_id)],
                                       reachability=self.peers[node.node_id].reachability
-                                      if node.node_id in self.peers else ""))
+                                      if node.node_id in self.peers else "",
+                                      groupmates=[by_peer.get(p, f"peer ...{p[-8:]}") for p in m.last_group]))
             if state in ("healthy", "straggler"):
                 totals.nodes_online += 1
                 totals.samples_per_s += m.samples_per_s

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +148,20 @@ def torch_threads(allowed: Iterable[int], cpu_max: Optional[str] = None, threads
     if quota is not None and math.ceil(quota) < count:
         return max(1, math.ceil(quota)), f"its cgroup's CPU quota: {quota:g} CPUs (of {cpus})"
     return count, f"one per CPU: {cpus}"
+
+
+def lower_thread_priority(by: int) -> str:
+    """Make the calling thread ``by`` nicer than it is (Linux gives every thread its own nice value; threads it
+    starts from then on inherit it; raising one's own nice value needs no privilege). -> what was done, in words."""
+    if by <= 0 or not hasattr(os, "setpriority"):
+        return "training at the node's own priority"
+    tid = threading.get_native_id()
+    try:
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + by))
+    except OSError as e:
+        return f"training at the node's own priority (could not lower it: {e})"
+    return f"training at nice {min(19, now + by)}, below the node's networking (nice {now})"
 
 
 @dataclass

@@ -38,10 +38,17 @@ from cotrain.v1 import coordinator_pb2 as pb
 
 from cotrain.node.options import NodeOptions
 from cotrain.node.work import WorkQueue
-from cotrain.node.limits import IdleMonitor, OtherProcessesLoad, format_cpu_list, pin_cpus, read_cpu_max, torch_threads
+from cotrain.node.limits import (IdleMonitor, OtherProcessesLoad, format_cpu_list, lower_thread_priority, pin_cpus,
+                                 read_cpu_max, torch_threads)
 from cotrain.footprint import Footprint, footprint
 
 logger = logging.getLogger(__name__)
+
+#: how much nicer the training thread is than the node's networking (its DHT process and libp2p daemon, the
+#: progress board, the exchange, the averaging thread): when the CPUs are busy, the node's own steps must not starve
+#: the messages its peers wait for. 16 nodes on 2 cores, every thread at one priority, lost their board reads to
+#: timeouts: nodes saw themselves alone and averaged with nobody (bench/scale.py). An idle CPU runs it as fast
+TRAINING_NICE = 10
 
 #: seconds between two measures of what the node's processes cost (reading /proc takes a few milliseconds; memory
 #: moves slowly): the heartbeat reports the last one, and --max-memory is checked against it
@@ -284,6 +291,7 @@ class Node:
     def _train(self, task, model, optimizer, cfg: RunConfig, device) -> None:
         opt_cfg = cfg.optimizer
         averaging = self.averaging
+        logger.info("%s", lower_thread_priority(TRAINING_NICE))  # every thread the node needs runs already
 
         cache: dict = {}
 
@@ -446,7 +454,7 @@ class Node:
                                   refused=self.admission.refused,
                                   refused_peers=sorted(self.admission.refused_peers)[:32],
                                   memory_bytes=m.footprint.pss_bytes, processes=m.footprint.processes,
-                                  heartbeat_ms=m.heartbeat_ms)
+                                  heartbeat_ms=m.heartbeat_ms, last_group=a.stats.last_group[:64])
 
     def _heartbeat_loop(self, interval: float) -> None:
         outage = Outage("heartbeat", logger)

@@ -8,7 +8,7 @@ import pytest
 from cotrain.averaging import Admission, Exchange, UploadLimiter, start_dht
 from cotrain.node.cli import resolve_options
 from cotrain.cli.launch import cpu_shares
-from cotrain.node.limits import (IdleMonitor, choose_cpus, cpu_quota, format_cpu_list, parse_cpu_list, parse_size,
+from cotrain.node.limits import (IdleMonitor, choose_cpus, lower_thread_priority, cpu_quota, format_cpu_list, parse_cpu_list, parse_size,
                                  read_cpu_max, torch_threads)
 
 
@@ -216,3 +216,26 @@ def test_node_config_file_errors_name_the_key(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(SystemExit, match=message):
         resolve_options(_args(config=path, coordinator="c:1", token="t"))
+
+
+def test_training_runs_nicer_than_the_threads_started_before_it():
+    import os
+    import threading
+
+    seen = {}
+
+    def training():
+        before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        seen["said"] = lower_thread_priority(5)
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) - before
+        child = threading.Thread(target=lambda: seen.update(child=os.getpriority(
+            os.PRIO_PROCESS, threading.get_native_id()) - before))
+        child.start()
+        child.join()
+
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    t = threading.Thread(target=training)
+    t.start()
+    t.join()
+    assert seen["nice"] == min(5, 19 - main) and seen["child"] == seen["nice"], seen  # its threads inherit it
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main  # the others keep theirs

@@ -139,6 +139,9 @@ def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, cor
     # what each node costs, all its processes (itself, hivemind's DHT and averager processes, the libp2p daemon)
     assert all(s["processes"] >= 3 and s["memory_bytes"] > 100 << 20 and s["heartbeat_ms"] > 0
                for s in statuses), statuses
+    # the health view names each node's groupmates of its last round: the other two
+    assert {n.node_name: sorted(n.groupmates) for n in health.nodes} == {
+        f"node-{i}": sorted(f"node-{j}" for j in range(3) if j != i) for i in range(3)}, health.nodes
     if formation == "board_only":  # no hivemind averager process: the node, its DHT process, the libp2p daemon
         assert all(s["processes"] == 3 and s["groups_matchmade"] == 0 for s in statuses), statuses
     if formation != "matchmaking":  # the peers agree on their group from the board: no matchmaking in a calm swarm

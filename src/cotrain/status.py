@@ -45,6 +45,11 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def _fmt_names(names, at_most: int = 3) -> str:
+    shown = ", ".join(list(names)[:at_most])
+    return (shown + (f" +{len(names) - at_most}" if len(names) > at_most else "")) or "-"
+
+
 def health_table(health: pb.SwarmHealth):
     """A rich renderable: one row per node, then totals and alerts."""
     from rich.console import Group
@@ -54,7 +59,7 @@ def health_table(health: pb.SwarmHealth):
     now = health.now_unix or time.time()
     table = Table(title=f"swarm {health.run_id}", expand=False)
     for column in ("node", "state", "reach", "step", "round", "loss", "samples/s", "bytes/s", "sent", "received", "memory",
-                   "units", "last seen"):
+                   "last group", "units", "last seen"):
         table.add_column(column, justify="left" if column in ("node", "state", "reach") else "right")
     for node in health.nodes:
         m = node.metrics
@@ -63,6 +68,7 @@ def health_table(health: pb.SwarmHealth):
         table.add_row(node.node_name, Text(node.state, style=style), node.reachability or "-", str(m.step), str(m.round), loss,
                       f"{m.samples_per_s:.1f}", _fmt_bytes(node.bytes_per_s) + "/s", _fmt_bytes(m.bytes_sent),
                       _fmt_bytes(m.bytes_received), _fmt_bytes(m.memory_bytes) if m.memory_bytes else "-",
+                      _fmt_names(node.groupmates),
                       f"{m.units_done} done" + "".join(f", {u}" for u in node.units),
                       f"{max(0.0, now - node.last_seen_unix):.0f}s ago")
     t = health.totals

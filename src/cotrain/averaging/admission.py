@@ -25,6 +25,7 @@ it with plain numbers.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -129,8 +130,21 @@ def _open(data: bytes, limit: int, signed_type, domain: bytes, public_key: Ed255
 
 
 def parse_credential(data: bytes, public_key: Ed25519PublicKey) -> pb.Credential:
-    """The credential inside ``data`` once its signature checks out; AdmissionError otherwise."""
-    body = _open(data, MAX_CREDENTIAL_BYTES, pb.SignedCredential, CREDENTIAL_DOMAIN, public_key, "credential")
+    """The credential inside ``data`` once its signature checks out; AdmissionError otherwise. Do not change the
+    message it returns: the same bytes give the same one (see :func:`_verified_credential`)."""
+    if not data or len(data) > MAX_CREDENTIAL_BYTES:  # before the cache: nothing hostile is kept
+        _open(data, MAX_CREDENTIAL_BYTES, pb.SignedCredential, CREDENTIAL_DOMAIN, public_key, "credential")
+    return _verified_credential(bytes(data), public_key_bytes(public_key))
+
+
+@functools.lru_cache(maxsize=4096)
+def _verified_credential(data: bytes, public_key: bytes) -> pb.Credential:
+    """A credential's signature, checked once per (bytes, key): every read of the progress board carries every
+    member's credential, and every DHT peer answering a read returns them all, so with 16 nodes on 2 cores checking
+    them again and again was most of what the DHT processes did (bench/scale.py). Only credentials that check out
+    are kept (an exception is not cached); whether one still admits (expiry, revocations) is decided at every use."""
+    body = _open(data, MAX_CREDENTIAL_BYTES, pb.SignedCredential, CREDENTIAL_DOMAIN, public_key_from_bytes(public_key),
+                 "credential")
     try:
         return pb.Credential.FromString(body)
     except DecodeError:

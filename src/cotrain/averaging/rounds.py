@@ -96,6 +96,7 @@ class RoundStats:
     rounds_completed: int = 0  # averaged with at least one peer
     partial_rounds: int = 0  # some groupmate's contribution was left out
     last_group_size: int = 0
+    last_group: list = field(default_factory=list)  # the peer ids of the last averaged round's group, ourselves out
     #: how the groups of the averaged rounds formed: from the progress board, or by hivemind's matchmaking
     groups_from_board: int = 0
     groups_matchmade: int = 0
@@ -164,6 +165,8 @@ class RoundAverager(abc.ABC):
         self.stats = RoundStats()
         #: averaging.overlap: rounds run on this worker thread while the node trains on; one at a time
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="round") if cfg.overlap else None
+        if self._worker is not None:  # its thread starts now, not at the first round: it inherits the priority of
+            self._worker.submit(int).result()  # the thread that starts it, and the node's training runs nicer
         self._pending: Optional[PendingRound] = None
         self.rules = RoundRules(cfg.inner_steps, cfg.round_wait, stale_after=3 * cfg.progress_interval + 1.0)
         self.admission = admission
@@ -262,13 +265,19 @@ class RoundAverager(abc.ABC):
                             self.mid_round, time.time(), reducer=not self.client_mode)
 
     def wait_for_peers(self, count: int, timeout: float, stop: Optional[threading.Event] = None) -> int:
-        """Wait until ``count`` peers (ourselves included) are on the board."""
+        """Wait until ``count`` peers (ourselves included) are on the board, its records judged when it was read (as
+        rounds judge them: on a loaded machine a read takes seconds)."""
         deadline = time.time() + timeout
+        said = time.time()
         while True:
-            live = {p.peer_id for p in live_peers(time.time(), self.progress(), self._peers, self.rules)}
+            live = {p.peer_id for p in live_peers(self._board_time(), self.progress(), self._peers, self.rules)}
             live.add(self.peer_id)
             if len(live) >= count or time.time() >= deadline or (stop is not None and stop.is_set()):
                 return len(live)
+            if time.time() - said >= 30.0:
+                said = time.time()
+                logger.info("waiting for peers: %d of %d on the progress board (%d records read %.0fs ago)",
+                            len(live), count, len(self._peers), time.time() - self._peers_read_at)
             time.sleep(self.cfg.progress_interval / 2)
 
     # ---- shared state --------------------------------------------------------------------------------------------
@@ -363,7 +372,7 @@ class RoundAverager(abc.ABC):
                 return None  # the round's all-reduce runs on while we train
             self._finish_round(pending, self._result_of(pending))  # waits once the next round's steps are taken
             now = time.time()
-        if now < self.retry_at or self._awaiting_read(now):
+        if now < self.retry_at or self._awaiting_read(now) or self._board_unknown(now):
             return None
         board_now = self._board_time()
         decision = round_decision(board_now, self.progress(), self._peers, self.rules, self.reached_h_at)
@@ -379,6 +388,13 @@ class RoundAverager(abc.ABC):
         else:
             self._average(early)
         return decision
+
+    def _board_unknown(self, now: float) -> bool:
+        """No read of the board came in for ``stale_after``: this peer does not know who is there, so it trains on
+        rather than ending rounds by itself. With 16 nodes on 2 cores nodes whose reads timed out concluded they
+        were alone, averaged by themselves and ran ahead on a state nobody shared (thrown away at their next resync);
+        a peer whose DHT is down keeps its local progress for when it is back."""
+        return now - self._peers_read_at > self.rules.stale_after
 
     def _awaiting_read(self, now: float) -> bool:
         """After a meeting whose groupmates had planned another group: no new try until a read of the board that
@@ -474,6 +490,7 @@ class RoundAverager(abc.ABC):
         if result.kind is Kind.APPLY:
             self._apply_and_advance(result.average, result.group_size, carried=launch if overlapped else None)
             self._last_group = set(result.group)
+            self.stats.last_group = sorted(result.group)
             self.stats.rounds_completed += 1
             if result.from_board:
                 self.stats.groups_from_board += 1

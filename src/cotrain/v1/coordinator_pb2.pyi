@@ -121,7 +121,7 @@ class RegisterPeerResponse(_message.Message):
     def __init__(self, reachability: _Optional[str] = ..., reason: _Optional[str] = ..., credential: _Optional[bytes] = ..., revocations: _Optional[bytes] = ...) -> None: ...
 
 class NodeMetrics(_message.Message):
-    __slots__ = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch", "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s", "state_bytes_sent", "state_bytes_received", "peer_id", "flagged_peers", "units_done", "refused", "refused_peers", "groups_from_board", "groups_matchmade", "meet_s", "allreduce_s", "memory_bytes", "processes", "heartbeat_ms")
+    __slots__ = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch", "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s", "state_bytes_sent", "state_bytes_received", "peer_id", "flagged_peers", "units_done", "refused", "refused_peers", "groups_from_board", "groups_matchmade", "meet_s", "allreduce_s", "memory_bytes", "processes", "heartbeat_ms", "last_group")
     STEP_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,7 @@ class NodeMetrics(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_GROUP_FIELD_NUMBER: _ClassVar[int]
     step: int
     round: int
     loss: float
@@ -176,7 +177,8 @@ class NodeMetrics(_message.Message):
     memory_bytes: int
     processes: int
     heartbeat_ms: float
-    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_total: _Optional[int] = ..., epoch: _Optional[int] = ..., partial_rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ..., samples_local: _Optional[int] = ..., compute_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., state_bytes_sent: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., peer_id: _Optional[str] = ..., flagged_peers: _Optional[_Iterable[str]] = ..., units_done: _Optional[int] = ..., refused: _Optional[int] = ..., refused_peers: _Optional[_Iterable[str]] = ..., groups_from_board: _Optional[int] = ..., groups_matchmade: _Optional[int] = ..., meet_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., processes: _Optional[int] = ..., heartbeat_ms: _Optional[float] = ...) -> None: ...
+    last_group: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_total: _Optional[int] = ..., epoch: _Optional[int] = ..., partial_rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ..., samples_local: _Optional[int] = ..., compute_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., state_bytes_sent: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., peer_id: _Optional[str] = ..., flagged_peers: _Optional[_Iterable[str]] = ..., units_done: _Optional[int] = ..., refused: _Optional[int] = ..., refused_peers: _Optional[_Iterable[str]] = ..., groups_from_board: _Optional[int] = ..., groups_matchmade: _Optional[int] = ..., meet_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., processes: _Optional[int] = ..., heartbeat_ms: _Optional[float] = ..., last_group: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "session", "metrics")
@@ -261,7 +263,7 @@ class GetSwarmHealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeHealth(_message.Message):
-    __slots__ = ("node_id", "node_name", "state", "metrics", "last_seen_unix", "joined_unix", "reason", "bytes_per_s", "units", "reachability")
+    __slots__ = ("node_id", "node_name", "state", "metrics", "last_seen_unix", "joined_unix", "reason", "bytes_per_s", "units", "reachability", "groupmates")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +274,7 @@ class NodeHealth(_message.Message):
     BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     UNITS_FIELD_NUMBER: _ClassVar[int]
     REACHABILITY_FIELD_NUMBER: _ClassVar[int]
+    GROUPMATES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     node_name: str
     state: str
@@ -282,7 +285,8 @@ class NodeHealth(_message.Message):
     bytes_per_s: float
     units: _containers.RepeatedScalarFieldContainer[str]
     reachability: str
-    def __init__(self, node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., last_seen_unix: _Optional[float] = ..., joined_unix: _Optional[float] = ..., reason: _Optional[str] = ..., bytes_per_s: _Optional[float] = ..., units: _Optional[_Iterable[str]] = ..., reachability: _Optional[str] = ...) -> None: ...
+    groupmates: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., last_seen_unix: _Optional[float] = ..., joined_unix: _Optional[float] = ..., reason: _Optional[str] = ..., bytes_per_s: _Optional[float] = ..., units: _Optional[_Iterable[str]] = ..., reachability: _Optional[str] = ..., groupmates: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SwarmTotals(_message.Message):
     __slots__ = ("nodes_online", "samples_per_s", "global_round", "samples_total", "bytes_sent", "bytes_received", "val_loss", "val_bpc", "val_round", "latest_checkpoint", "latest_checkpoint_round", "val_metrics", "epoch", "units_total", "units_pending", "units_in_progress", "units_done", "units_reissued", "scheduling_reason")

@@ -12,7 +12,8 @@ runs compares the same amount of training. Columns:
 - ``round s``: seconds per round, median over the nodes, between the round each had when all were averaging and
   the last (the machine's two cores are shared by all nodes, so at a fixed budget more nodes mean slower steps:
   ``round s`` grows with the swarm even when averaging costs nothing more; ``step s`` says how much);
-- ``partial``: rounds some node ended with fewer groupmates than it saw, over all rounds averaged;
+- ``partial``: rounds some node ended with a contribution left out or fewer groupmates than it saw (those that
+  ended in a resync included), over the rounds the nodes averaged and applied;
 - ``PSS MB`` and ``RSS MB``: what one node costs, all its processes (the node, hivemind's DHT and averager
   processes, the libp2p daemon): proportional set size (shared pages split between the processes sharing them:
   summed over the machine it is the memory in use) and the sum of resident sets (shared pages counted in each);
@@ -74,8 +75,8 @@ def one_run(args, nodes: int) -> dict:
         costs: list = []
         while True:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{nodes} nodes: the budget was not reached in {args.timeout:.0f}s "
-                                   f"(run again with --keep to read the logs in {tmp})")
+                raise RuntimeError(f"not every node had averaged once after {args.timeout:.0f}s" if warm_at is None
+                                   else f"the budget was not reached in {args.timeout:.0f}s")
             dead = [p.name for p in procs if not p.alive()]
             if dead:
                 raise RuntimeError(f"{nodes} nodes: {', '.join(dead)} exited (logs in {tmp}; --keep keeps them)")

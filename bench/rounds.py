@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 4], help="group sizes (one group per run)")
     parser.add_argument("--hidden", type=int, nargs="+", default=[32, 256, 1024], help="LSTM sizes (payload)")
     parser.add_argument("--formations", nargs="+", default=["board", "matchmaking"],
-                        choices=["board", "matchmaking"])
+                        choices=["board", "board_only", "matchmaking"])
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3, help="rounds left out of the figures (start-up)")
     parser.add_argument("--matchmaking-time", type=float, default=2.0)

@@ -385,7 +385,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         now = self.clock()
         views = self._views()
         rows, states = [], []
-        by_peer = {n.metrics.get("peer_id"): n.name for n in self.nodes.values() if n.metrics.get("peer_id")}
+        by_peer = self._names_by_peer()
         totals = pb.SwarmTotals(val_loss=self.summary.val_loss, val_bpc=self.summary.val_bpc,
                                 val_round=self.summary.val_round, latest_checkpoint=self.summary.latest_checkpoint,
                                 latest_checkpoint_round=self.summary.latest_checkpoint_round,
@@ -422,9 +422,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         alerts = swarm_alerts(states) + self._flag_alerts() + self._refusal_alerts()
         return pb.SwarmHealth(run_id=self.run.run_id, nodes=rows, totals=totals, alerts=alerts, now_unix=now)
 
+    def _names_by_peer(self) -> dict[str, str]:
+        """Node names by the peer id each last reported."""
+        return {n.metrics.get("peer_id"): n.name for n in self.nodes.values() if n.metrics.get("peer_id")}
+
     def _flag_alerts(self) -> list[str]:
         """Nodes whose contributions their peers dropped (non-finite or malformed updates)."""
-        by_peer = {n.metrics.get("peer_id"): n.name for n in self.nodes.values() if n.metrics.get("peer_id")}
+        by_peer = self._names_by_peer()
         flagged: dict[str, int] = {}
         for node in self.nodes.values():
             for peer in node.metrics.get("flagged_peers", []):

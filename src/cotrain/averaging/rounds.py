@@ -96,7 +96,8 @@ class RoundStats:
     rounds_completed: int = 0  # averaged with at least one peer
     partial_rounds: int = 0  # some groupmate's contribution was left out
     last_group_size: int = 0
-    last_group: list = field(default_factory=list)  # the peer ids of the last averaged round's group, ourselves out
+    #: the peer ids of the last averaged round's group, ourselves out (the board counts them at our round)
+    last_group: list = field(default_factory=list)
     #: how the groups of the averaged rounds formed: from the progress board, or by hivemind's matchmaking
     groups_from_board: int = 0
     groups_matchmade: int = 0
@@ -161,7 +162,6 @@ class RoundAverager(abc.ABC):
         #: again at every try
         self._met_round = -1
         self._meetings_held = 0
-        self._last_group: set[str] = set()  # who averaged the round before this one
         self.stats = RoundStats()
         #: averaging.overlap: rounds run on this worker thread while the node trains on; one at a time
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="round") if cfg.overlap else None
@@ -178,7 +178,8 @@ class RoundAverager(abc.ABC):
         self._stop = threading.Event()
         self._board_read = threading.Event()
         self._publisher = threading.Thread(target=self._publish_loop, name="progress", daemon=True)
-        #: hivemind's averager, for matchmaking; "board_only" has none (a process and ~140 MB less per node)
+        #: hivemind's averager, for matchmaking; "board_only" has none (a process, and ~25 MB of PSS, less per node:
+        #: it is forked from the node and shares most of its pages)
         self.averager = (make_averager(dht, f"{run_id}_avg", cfg, client_mode=client_mode)
                          if cfg.group_formation != "board_only" else None)
         # a round publishes under up to three tags (its meeting, PowerSGD's two phases): keep two rounds' worth
@@ -423,7 +424,7 @@ class RoundAverager(abc.ABC):
         """This peer's planned group for the round, from the board; None when it cannot meet: nobody else is there,
         or two of its members cannot be dialled (behind NAT, neither can fetch the other's meeting; every member
         sees the same flags on the board, so they all go to matchmaking together)."""
-        here = round_peers(now, self.progress(), self._peers, self.rules, self._last_group)
+        here = round_peers(now, self.progress(), self._peers, self.rules, self.stats.last_group)
         members = group_of(self.peer_id, plan_groups(self.round, [self.peer_id, *here], self.cfg.target_group_size,
                                                      self.run_id))
         dial_out_only = {p.peer_id for p in self._peers if not p.reducer}
@@ -489,7 +490,6 @@ class RoundAverager(abc.ABC):
                 logger.warning("round %d: %s", launch.round, result.reason)
         if result.kind is Kind.APPLY:
             self._apply_and_advance(result.average, result.group_size, carried=launch if overlapped else None)
-            self._last_group = set(result.group)
             self.stats.last_group = sorted(result.group)
             self.stats.rounds_completed += 1
             if result.from_board:

@@ -222,8 +222,8 @@ class AveragingConfig(_Section):
     #: round trip after the last groupmate got there (rounds 3x shorter on loopback, bench/rounds.py); when views
     #: disagree, or two planned members are behind NAT (they cannot fetch each other's meeting), it falls back to
     #: matchmaking. "board_only": the board without the fallback, so without hivemind's averager process (one
-    #: process, and about 25 MB of PSS, less per node); a meeting that does not fill is held again at the
-    #: next try, and a group needs a member others can dial (two peers behind NAT cannot meet each other).
+    #: process, and about 100 MB of PSS, less per node: bench/scale.py); a meeting that does not fill is held again
+    #: at the next try, and a group needs a member others can dial (two peers behind NAT cannot meet each other).
     #: "matchmaking": hivemind's, which waits up to matchmaking_time every round (and less once target_group_size
     #: peers are there).
     group_formation: Literal["board", "board_only", "matchmaking"] = "board"

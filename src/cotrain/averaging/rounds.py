@@ -178,8 +178,8 @@ class RoundAverager(abc.ABC):
         self._stop = threading.Event()
         self._board_read = threading.Event()
         self._publisher = threading.Thread(target=self._publish_loop, name="progress", daemon=True)
-        #: hivemind's averager, for matchmaking; "board_only" has none (a process, and ~25 MB of PSS, less per node:
-        #: it is forked from the node and shares most of its pages)
+        #: hivemind's averager, for matchmaking; "board_only" has none (a process, and ~100 MB of PSS after a few
+        #: minutes, less per node: forked from the node, its pages turn private as it runs; bench/scale.py)
         self.averager = (make_averager(dht, f"{run_id}_avg", cfg, client_mode=client_mode)
                          if cfg.group_formation != "board_only" else None)
         # a round publishes under up to three tags (its meeting, PowerSGD's two phases): keep two rounds' worth

@@ -79,7 +79,7 @@ def one_run(args, nodes: int) -> dict:
                                    else f"the budget was not reached in {args.timeout:.0f}s")
             dead = [p.name for p in procs if not p.alive()]
             if dead:
-                raise RuntimeError(f"{nodes} nodes: {', '.join(dead)} exited (logs in {tmp}; --keep keeps them)")
+                raise RuntimeError(f"{', '.join(dead)} exited (logs in {tmp}; --keep keeps them)")
             rows = {n.node_name: n.metrics for n in swarm.health().nodes}
             if warm_at is None and len(rows) == nodes and all(m.rounds_completed >= 1 for m in rows.values()):
                 warm_at = time.monotonic()
@@ -96,24 +96,20 @@ def one_run(args, nodes: int) -> dict:
             time.sleep(2.0)
         window = time.monotonic() - warm_at
         coordinator_cpu = (footprint(swarm.coordinator.pid).cpu_s - coordinator_cpu0) / window
-        per_round, per_step = [], []
-        for name, m in rows.items():
-            r0, w0 = first[name]
-            if m.round > r0:
-                per_round.append((m.wall_s - w0) / (m.round - r0))
-        steps = sum(m.step for m in rows.values())
-        per_step = window * nodes / max(1, steps)
+        per_round = [(m.wall_s - first[name][1]) / (m.round - first[name][0]) for name, m in rows.items()
+                     if m.round > first[name][0]]
+        per_step = window * nodes / max(1, sum(m.step for m in rows.values()))
         completed = sum(m.rounds_completed for m in rows.values())
         partial = sum(m.partial_rounds for m in rows.values())
         pss = statistics.mean(m.memory_bytes for m in rows.values()) / 2**20
         codes = swarm.stop_nodes()
         if any(code not in (0, None) for code in codes):
-            raise RuntimeError(f"{nodes} nodes: exit codes {codes} (logs in {tmp}; --keep keeps them)")
+            raise RuntimeError(f"exit codes {codes} (logs in {tmp}; --keep keeps them)")
         final = final_checkpoint(tmp, names)
         metrics = evaluate_state(cfg, final.model_state(), max_bytes=args.eval_bytes)
     round_s = statistics.median(per_round) if per_round else float("nan")
-    return dict(nodes=nodes, group=args.group, formation=args.formation, round_s=round_s, rounds_per_min=60.0 / round_s if per_round else 0.0,
-                step_s=per_step, partial_rounds=partial, rounds_completed=completed,
+    return dict(nodes=nodes, group=args.group, formation=args.formation, round_s=round_s,
+                rounds_per_min=60.0 / round_s if per_round else 0.0, step_s=per_step, partial_rounds=partial, rounds_completed=completed,
                 partial_fraction=partial / max(1, completed),
                 rss_mb_per_node=statistics.mean(c.rss_bytes for c in costs) / 2**20 if costs else float("nan"),
                 pss_mb_per_node=pss,

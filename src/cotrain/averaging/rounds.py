@@ -418,7 +418,16 @@ class RoundAverager(abc.ABC):
         read or two later (rounds paced by progress_interval). A meeting that does not fill (a slower peer) sends
         it back to training, and round_decision's waiting goes on as without it."""
         return (self.cfg.group_formation != "matchmaking" and self.reached_h_at is not None
-                and self._met_round != self.round and self._board_group(now) is not None)
+                and self._met_round != self.round and not self._peers_behind(now)
+                and self._board_group(now) is not None)
+
+    def _peers_behind(self, now: float) -> bool:
+        """A live peer the board shows at an earlier round (a node that just joined or came back, resynchronising):
+        round_decision waits for it (up to round_wait), and so must the early meeting. Meeting at once without it, a
+        fast swarm (rounds shorter than a board read) left a returning node behind round after round."""
+        me = self.progress()
+        return any(p.round < me.round and p.phase != "paused" and p.peer_id not in self.stats.last_group
+                   for p in live_peers(now, me, self._peers, self.rules))
 
     def _board_group(self, now: float) -> Optional[list[str]]:
         """This peer's planned group for the round, from the board; None when it cannot meet: nobody else is there,

@@ -69,7 +69,7 @@ class Checkpointer(threading.Thread):
         for round_number, metrics in self.evaluator.collect():
             self._record_eval(round_number, metrics)
         stale_after = 3 * self.cfg.averaging.progress_interval + 1.0
-        donors = pick_donors(time.time(), "", self.board.read() or [], stale_after)
+        donors = pick_donors(time.time(), "", self.board.read_all() or [], stale_after)
         if not donors or donors[0].round <= self.last_round:
             return None
         result = download_state(self.exchange, donors, timeout=120.0, run_id=self.run_id)

@@ -12,20 +12,20 @@ from cotrain.averaging.admission import issue_credential, new_private_key
 RUN = "records-test"
 
 
-def member_board(dht, key_path, coordinator_key):
+def member_board(dht, key_path, coordinator_key, shards=1):
     """A board whose peer holds a credential of ``coordinator_key`` for its peer id and record key."""
     admission = Admission(RUN, coordinator_key.public_key())
-    board = ProgressBoard(dht, RUN, ttl=60, admission=admission, private_key=load_record_key(key_path))
+    board = ProgressBoard(dht, RUN, ttl=60, admission=admission, private_key=load_record_key(key_path), shards=shards)
     admission.set_credential(issue_credential(coordinator_key, run_id=RUN, node_id=key_path.stem,
                                               peer_id=str(dht.peer_id), record_public_key=board.record_public_key,
                                               role="node", now=time.time(), ttl=600))
     return board
 
 
-def _read_until(board, predicate, timeout=20.0):
+def _read_until(board, predicate, timeout=20.0, shard=0):
     deadline = time.monotonic() + timeout
     while True:
-        peers = board.read() or []
+        peers = (board.read_all() if shard is None else board.read(shard=shard)) or []
         if predicate(peers) or time.monotonic() > deadline:
             return peers
         time.sleep(0.2)
@@ -73,6 +73,48 @@ def test_progress_records_are_signed_and_validated(tmp_path):
         peers = _read_until(board_a, lambda ps: {p.peer_id: p.round for p in ps}.get(bob) == 8)
         rounds = {p.peer_id: p.round for p in peers}
         assert rounds == {alice: 7, bob: 8}, rounds
+    finally:
+        b.shutdown()
+        a.shutdown()
+
+
+@pytest.mark.swarm
+def test_a_sharded_board_keeps_each_record_in_its_rounds_shard(tmp_path):
+    a = start_dht(identity_path=str(tmp_path / "a.key"))
+    b = start_dht([str(m) for m in a.get_visible_maddrs()], identity_path=str(tmp_path / "b.key"))
+    try:
+        coordinator_key = new_private_key()
+        board_a = member_board(a, tmp_path / "a.rsa", coordinator_key, shards=4)
+        board_b = member_board(b, tmp_path / "b.rsa", coordinator_key, shards=4)
+        alice, bob = str(a.peer_id), str(b.peer_id)
+        # rounds at which the two peers fall in different shards, then one where they share one
+        apart = next(r for r in range(100) if board_a.shard(r, alice) != board_a.shard(r, bob))
+        board_a.publish(PeerProgress(alice, round=apart, steps=3, samples=96))
+        board_b.publish(PeerProgress(bob, round=apart, steps=1, samples=32))
+        everyone = _read_until(board_b, lambda ps: len(ps) == 2, shard=None)
+        assert {p.peer_id for p in everyone} == {alice, bob}
+        # each peer reads only its own shard: the other's record is not in it
+        assert [p.peer_id for p in board_b.read(shard=board_b.shard(apart, bob))] == [bob]
+        assert [p.peer_id for p in board_a.read(shard=board_a.shard(apart, alice))] == [alice]
+
+        together = next(r for r in range(apart + 1, 200) if board_a.shard(r, alice) == board_a.shard(r, bob))
+        board_a.publish(PeerProgress(alice, round=together, steps=0, samples=0))
+        board_b.publish(PeerProgress(bob, round=together, steps=0, samples=0))
+        shared = _read_until(board_a, lambda ps: len(ps) == 2, shard=board_a.shard(together, alice))
+        assert {p.peer_id: p.round for p in shared} == {alice: together, bob: together}
+        # the newest record of each peer wins across shards (the older one waits out its TTL in its old shard)
+        assert {p.peer_id: p.round for p in board_a.read_all()} == {alice: together, bob: together}
+
+        # every shard's key is held to the schema and the members' check, not only the first
+        key = board_b.keys[board_b.shard(together, bob)]
+        forged = dict(round=1, steps=0, samples=0, phase="train", mid_round=False, time=float(get_dht_time()),
+                      reducer=True, cred=board_b.admission.credential())
+        expires = get_dht_time() + 60
+        assert not b.store(key, subkey=board_b.subkey(bob), value=dict(forged, round=-1), expiration_time=expires)
+        assert not b.store(key, subkey=board_b.subkey(bob), value=dict(forged, cred=b"not a credential"),
+                           expiration_time=expires)
+        assert not b.store(key, subkey=board_a.subkey(alice), value=forged, expiration_time=expires)
+        assert b.store(key, subkey=board_b.subkey(bob), value=forged, expiration_time=expires)
     finally:
         b.shutdown()
         a.shutdown()

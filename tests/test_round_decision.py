@@ -2,7 +2,8 @@
 
 import pytest
 
-from cotrain.averaging.progress import Action, PeerProgress, RoundRules, round_decision, round_peers
+from cotrain.averaging.progress import (Action, PeerProgress, RoundRules, progress_schema, round_decision, round_peers,
+                                        shard_key, shard_of)
 
 RULES = RoundRules(inner_steps=10, round_wait=30.0, stale_after=4.0)
 NOW = 1000.0
@@ -55,3 +56,30 @@ def test_round_peers_are_those_of_this_round_and_last_rounds_groupmates_still_sh
     # rounds faster than the board's records: last round's groupmate still shows an older round
     fast = [peer("here", 5, 3), peer("groupmate", 2, 1), peer("behind", 3, 10)]
     assert sorted(round_peers(NOW, me, fast, RULES, last_group={"groupmate"})) == ["groupmate", "here"]
+
+
+def test_alone_in_a_shard_waits_for_shardmates_before_averaging_alone():
+    me = peer("me", 3, 10)
+    waiting = round_decision(NOW, me, [], RULES, NOW - 5, alone_waits=True)
+    assert waiting.action is Action.TRAIN, waiting.reason
+    assert round_decision(NOW, me, [], RULES, NOW - 31, alone_waits=True).action is Action.AVERAGE
+    assert round_decision(NOW, me, [peer("a", 3, 10)], RULES, NOW, alone_waits=True).action is Action.AVERAGE
+    assert round_decision(NOW, me, [], RULES, NOW - 5).action is Action.AVERAGE  # one key: alone is alone
+
+
+def test_shards_are_dealt_afresh_every_round_and_evenly():
+    peers = [f"peer{i}" for i in range(400)]
+    assert {shard_of("run", 7, p, 1) for p in peers} == {0}
+    first = [shard_of("run", 7, p, 8) for p in peers]
+    assert first == [shard_of("run", 7, p, 8) for p in peers]  # every peer computes every other's shard alike
+    counts = [first.count(s) for s in range(8)]
+    assert min(counts) >= 25 and max(counts) <= 80, counts  # 50 expected in each
+    again = [shard_of("run", 8, p, 8) for p in peers]
+    assert sum(a == b for a, b in zip(first, again)) < 100  # next round mixes (1 in 8 expected to stay)
+    assert shard_of("other-run", 7, "peer0", 1 << 20) != shard_of("run", 7, "peer0", 1 << 20)
+
+
+def test_a_sharded_board_has_one_schema_field_per_shard_key():
+    fields = set(progress_schema(4).__fields__)
+    assert {f"run_{f}" for f in fields} == {shard_key("run", s) for s in range(4)}
+    assert shard_key("run", 0) == "run_progress"  # one shard: the board's key as it always was

@@ -154,6 +154,26 @@ def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, cor
         assert all(s["groups_from_board"] == 0 and s["groups_matchmade"] >= 1 for s in statuses), statuses
 
 
+def test_four_nodes_on_a_sharded_board_average_in_groups_of_their_shard(tmp_path, corpus_file):
+    """board_shards = 2: each node reads and publishes only its shard of its round (about half the swarm), groups of
+    two form within a shard, and the shards are dealt afresh every round. A shard of one (likely with 4 nodes in 2
+    shards) waits round_wait for shardmates, then averages alone and resyncs with the others later."""
+    cfg = tiny_config(corpus_file, averaging={"group_formation": "board_only", "board_shards": 2,
+                                              "target_group_size": 2, "round_wait": 3.0})
+    coordinator = RunningCoordinator(tmp_path, cfg)
+    try:
+        health, finals = train_together(coordinator, tmp_path, 4, rounds=4)
+    finally:
+        coordinator.stop()
+    assert all(f.round == 4 for f in finals), [f.round for f in finals]
+    statuses = [json.loads((tmp_path / f"node-{i}" / "status.json").read_text()) for i in range(4)]
+    # groups formed on the board, within shards: never matchmade, and never larger than a shard's share of 4
+    assert all(s["groups_from_board"] >= 1 and s["groups_matchmade"] == 0 for s in statuses), statuses
+    sizes = [size for f in finals for _, size in f.metadata["rounds"]]
+    assert sizes and max(sizes) <= 3 and sum(size >= 2 for size in sizes) >= len(sizes) // 2, sizes
+    assert_learned(coordinator.cfg, finals[0].model_state())
+
+
 def test_centered_clip_keeps_a_byzantine_node_from_wrecking_the_model(tmp_path, corpus_file):
     cfg = tiny_config(corpus_file, averaging={"aggregation": "centered_clip"})
     coordinator = RunningCoordinator(tmp_path, cfg)

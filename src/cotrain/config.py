@@ -247,6 +247,11 @@ class AveragingConfig(_Section):
     round_wait: float = Field(30.0, ge=0.0, le=3600.0)
     #: seconds between two publications of a node's progress on the DHT; peers are considered gone after 3x
     progress_interval: float = Field(1.0, gt=0.0, le=60.0)
+    #: keys the progress board is split into (cotrain.averaging.progress). 1: one key, every node reads every
+    #: record every progress_interval (O(N) a read; fine to a dozen nodes). S > 1: a node reads and publishes only
+    #: its shard of its round (about N/S records, whatever N), groups form within a shard, and the shards are dealt
+    #: afresh every round. Pick S near N / (2 x target_group_size); every node of a run must use the same S.
+    board_shards: int = Field(1, ge=1, le=1024)
 
     @model_validator(mode="after")
     def _timeouts(self) -> "AveragingConfig":

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -305,12 +305,15 @@ class MembershipValidator(RecordValidatorBase):
     RSA validator first (higher priority), so this one sees the value without its signature.
     """
 
-    def __init__(self, run_id: str, key_name: str, public_key: bytes, revoked: Iterable[str] = (), version: int = -1):
+    def __init__(self, run_id: str, key_names: str | Sequence[str], public_key: bytes, revoked: Iterable[str] = (),
+                 version: int = -1):
+        """``key_names``: the progress board's key, or its shards' keys."""
         self.run_id, self.public_key, self.revoked, self.version = run_id, public_key, frozenset(revoked), version
-        self.key_id = DHTID.generate(source=key_name).to_bytes()
+        names = [key_names] if isinstance(key_names, str) else list(key_names)
+        self.key_ids = frozenset(DHTID.generate(source=name).to_bytes() for name in names)
 
     def validate(self, record) -> bool:
-        if record.key != self.key_id:
+        if record.key not in self.key_ids:
             return True
         try:
             subkey = DHTProtocol.serializer.loads(record.subkey)
@@ -334,7 +337,7 @@ class MembershipValidator(RecordValidatorBase):
         return 5  # below the RSA signature validator (10): validated after it, on the value it stripped
 
     def merge_with(self, other) -> bool:
-        if not isinstance(other, MembershipValidator) or other.key_id != self.key_id:
+        if not isinstance(other, MembershipValidator) or other.key_ids != self.key_ids:
             return False
         if other.version > self.version:
             self.revoked, self.version = other.revoked, other.version

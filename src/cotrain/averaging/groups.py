@@ -26,14 +26,17 @@ MAX_MEETING_BYTES = 4096
 
 def plan_groups(round_number: int, peers: Sequence[str], target_group_size: int, seed: str) -> list[list[str]]:
     """The groups of a round: ``peers`` (ids, the planner included) in sorted order, shuffled by a generator seeded
-    with (``seed``, round) and cut into ``ceil(n / target_group_size)`` groups of near-equal size (0: one group).
+    with (``seed``, round) and cut into ``ceil(n / target_group_size)`` groups of near-equal size (0: one group;
+    never a group of one: target 2 with an odd count of peers makes one group of three).
     Every peer with the same view of the round computes the same groups; the shuffle changes groupmates from round
     to round, so that updates spread through the whole swarm."""
     members = sorted(set(peers))
     if not members:
         return []
     size = target_group_size if target_group_size > 0 else len(members)
-    count = -(-len(members) // size)
+    # ceil(n / size) groups, but none of one peer (it could not average): with target 2 and an odd count of peers,
+    # one group of three
+    count = min(-(-len(members) // size), max(1, len(members) // 2))
     if count == 1:
         return [members]
     random.Random(f"{seed}/{round_number}").shuffle(members)

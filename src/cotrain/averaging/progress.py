@@ -2,9 +2,17 @@
 
 Each node publishes a small progress record (round, local steps and samples in the round, phase) under one DHT key,
 one subkey per peer, every ``progress_interval`` seconds; records expire after three intervals, so a dead node
-stops counting within seconds. Every node reads all records and calls :func:`round_decision`, a pure function of
+stops counting within seconds. Every node reads its key's records and calls :func:`round_decision`, a pure function of
 (now, own progress, peers' progress, rules) that returns what to do and why. The reason is logged and reported
 in heartbeats, so an operator can read why a round waited or why a node resynchronised.
+
+The board at scale (``averaging.board_shards``): with one key, every node reads every record every interval, and
+every DHT peer that answers returns them all: O(N) bytes a node, O(N^2) for the swarm (16 nodes on 2 cores spent
+seconds on a read). With S shards the board is S keys, and a peer at round r publishes and reads only the key
+:func:`shard_of` (run, r, peer) names. Its key then holds the round's peers of its shard (its candidate groupmates:
+groups are planned among them) and, since every other peer's shard is drawn afresh each round, a random sample of
+about N/S peers of every round: enough to see a peer ahead (resync) or behind. A read stays about N/S records
+however large the swarm grows; pick S near N / (2 x target_group_size).
 
 Only members count: every record carries its publisher's credential (:mod:`cotrain.averaging.admission`), DHT peers
 refuse to store a record whose credential does not name the publishing peer and its signing key, and readers drop
@@ -14,6 +22,8 @@ such records too (a peer that kept one in its own storage cannot steer the round
 from __future__ import annotations
 
 import enum
+import functools
+import hashlib
 from dataclasses import asdict, dataclass
 from typing import Collection, Iterable, Optional
 
@@ -75,6 +85,21 @@ class Decision:
     reason: str
 
 
+def shard_of(seed: str, round_number: int, peer_id: str, shards: int) -> int:
+    """The board shard a peer publishes to and reads at a round: a hash of (seed, round, peer), so that every peer
+    computes every other's, and each round deals the peers out afresh (groups form within a shard, and mix across
+    the swarm from round to round)."""
+    if shards <= 1:
+        return 0
+    digest = hashlib.sha1(f"{seed}/{round_number}/{peer_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % shards
+
+
+def shard_key(run_id: str, shard: int) -> str:
+    """The DHT key of a shard; shard 0 is the board's one key when it is not sharded."""
+    return f"{run_id}_progress" if shard == 0 else f"{run_id}_progress_{shard}"
+
+
 def live_peers(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules) -> list[PeerProgress]:
     return [p for p in peers if p.peer_id != me.peer_id and now - p.time <= rules.stale_after and p.phase != "left"]
 
@@ -90,10 +115,13 @@ def round_peers(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rul
 
 
 def round_decision(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules,
-                   reached_h_at: Optional[float] = None) -> Decision:
+                   reached_h_at: Optional[float] = None, alone_waits: bool = False) -> Decision:
     """What a node should do after a local step.
 
-    ``reached_h_at``: when this node took its H-th step of the round (None while it has not).
+    ``reached_h_at``: when this node took its H-th step of the round (None while it has not). ``alone_waits``:
+    ``peers`` is one shard of a sharded board, so seeing nobody there is not being alone in the swarm: wait up to
+    ``round_wait`` for the shard's peers before averaging alone (an empty shard is rare at N/S of several peers,
+    and a read made as the round began can miss shardmates that got there a moment later).
     """
     live = live_peers(now, me, peers, rules)
     ahead = [p for p in live if p.round > me.round]
@@ -106,14 +134,18 @@ def round_decision(now: float, me: PeerProgress, peers: Iterable[PeerProgress], 
         return Decision(Action.AVERAGE, f"peer {averaging[0].peer_id[-8:]} began averaging round {me.round}")
     if me.steps < rules.inner_steps:
         return Decision(Action.TRAIN, f"{me.steps}/{rules.inner_steps} local steps")
+    waited = now - (reached_h_at if reached_h_at is not None else now)
+    if not live and alone_waits and waited < rules.round_wait:
+        return Decision(Action.TRAIN, f"nobody else in this round's shard of the board yet: waiting up to "
+                                      f"{rules.round_wait:g}s")
     if not live:
-        return Decision(Action.AVERAGE, f"reached {rules.inner_steps} steps alone in the swarm")
+        return Decision(Action.AVERAGE, f"reached {rules.inner_steps} steps alone in "
+                                        f"{'its shard of the board' if alone_waits else 'the swarm'}")
     # peers behind us resynchronise to our round (and are then not waited for); peers here are waited for
     waiting_on = [p for p in live if p.phase != "paused"
                   and (p.round < me.round or (not p.mid_round and p.steps < rules.inner_steps))]
     if not waiting_on:
         return Decision(Action.AVERAGE, f"all {len(same) + 1} peers at round {me.round} reached their steps")
-    waited = now - (reached_h_at if reached_h_at is not None else now)
     if waited >= rules.round_wait:
         return Decision(Action.AVERAGE, f"waited {waited:.0f}s for {len(waiting_on)} slower peer(s): averaging without")
     names = ", ".join(p.peer_id[-8:] for p in waiting_on[:3])
@@ -140,6 +172,33 @@ class ProgressSchema(pydantic.BaseModel):
     progress: dict[BytesWithPublicKey, Optional[ProgressRecord]]
 
 
+_SHARDED_SCHEMA = "ProgressSchema_"
+
+
+def progress_schema(shards: int) -> type:
+    """The schema of a board of ``shards`` keys: :class:`ProgressSchema`'s field once per shard key."""
+    return ProgressSchema if shards <= 1 else __getattr__(f"{_SHARDED_SCHEMA}{shards}")
+
+
+@functools.lru_cache(maxsize=None)
+def _sharded_schema(shards: int) -> type:
+    field = (dict[BytesWithPublicKey, Optional[ProgressRecord]], None)
+    schema = pydantic.create_model(f"{_SHARDED_SCHEMA}{shards}", **{
+        shard_key("x", s)[len("x_"):]: field for s in range(shards)})
+    schema.__module__ = __name__
+    return schema
+
+
+def __getattr__(name: str):
+    """``ProgressSchema_<S>``, made on first use: validators travel to hivemind's DHT process pickled, the schema
+    class by its name, and that process (forked before the board was made) makes it again from the name."""
+    if name.startswith(_SHARDED_SCHEMA) and name[len(_SHARDED_SCHEMA):].isdigit():
+        shards = int(name[len(_SHARDED_SCHEMA):])
+        if 1 < shards <= 4096:
+            return _sharded_schema(shards)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class ProgressBoard:
     """Publishes this node's progress and reads everyone's, on the DHT key ``{run_id}_progress``; also carries the
     coordinator's signed revocation list (key ``{run_id}_revocations``, under the coordinator's own subkey).
@@ -152,12 +211,14 @@ class ProgressBoard:
     """
 
     def __init__(self, dht: DHT, run_id: str, ttl: float, admission: Admission,
-                 private_key: Optional[RSAPrivateKey] = None):
-        self.dht, self.run_id, self.key, self.ttl = dht, run_id, f"{run_id}_progress", ttl
+                 private_key: Optional[RSAPrivateKey] = None, shards: int = 1):
+        self.dht, self.run_id, self.ttl, self.shards = dht, run_id, ttl, max(1, int(shards))
+        self.keys = [shard_key(run_id, s) for s in range(self.shards)]
+        self.key = self.keys[0]
         self.revocations_key = f"{run_id}_revocations"
         self.admission = admission
         self.signer = RSASignatureValidator(private_key or RSAPrivateKey())
-        validators = [SchemaValidator(ProgressSchema, prefix=run_id), self.signer]
+        validators = [SchemaValidator(progress_schema(self.shards), prefix=run_id), self.signer]
         if admission.enabled:
             validators.append(self._membership_validator())
         dht.add_validators(validators)
@@ -170,18 +231,24 @@ class ProgressBoard:
 
     def _membership_validator(self) -> MembershipValidator:
         a = self.admission
-        return MembershipValidator(self.run_id, self.key, public_key_bytes(a.public_key), a.revoked,
+        return MembershipValidator(self.run_id, self.keys, public_key_bytes(a.public_key), a.revoked,
                                    a.revocations_version)
 
     def subkey(self, peer_id: str) -> bytes:
         return peer_id.encode() + self.signer.local_public_key
 
-    def publish(self, progress: PeerProgress):
-        """Store this peer's record; -> the store's future (True once a DHT node, this one included, kept it)."""
+    def shard(self, round_number: int, peer_id: str) -> int:
+        return shard_of(self.run_id, round_number, peer_id, self.shards)
+
+    def publish(self, progress: PeerProgress, shard: Optional[int] = None):
+        """Store this peer's record under the key of its shard at its round (or ``shard``'s); -> the store's future
+        (True once a DHT node, this one included, kept it)."""
         record = progress.to_record()
         record["time"] = float(get_dht_time())
         record["cred"] = self.admission.credential()
-        return self.dht.store(self.key, subkey=self.subkey(progress.peer_id), value=record,
+        if shard is None:
+            shard = self.shard(progress.round, progress.peer_id)
+        return self.dht.store(self.keys[shard], subkey=self.subkey(progress.peer_id), value=record,
                               expiration_time=get_dht_time() + self.ttl, return_future=True)
 
     # ---- revocations ---------------------------------------------------------------------------------------------
@@ -211,13 +278,34 @@ class ProgressBoard:
             self._validator_version = self.admission.revocations_version
             self.dht.add_validators([self._membership_validator()])
 
-    def read(self, timeout: float = 5.0) -> Optional[list[PeerProgress]]:
-        """Everyone's latest records; None when the DHT did not answer in time (not the same as nobody there: a
-        caller should keep what it knew, records carry their own time and go stale by themselves)."""
+    def read_all(self, timeout: float = 5.0) -> Optional[list[PeerProgress]]:
+        """Every shard's records (a peer's newest where it is in two: it moved on a round between two reads); None
+        when no shard could be read in time. O(N): for the coordinator, and for counting the swarm at a start."""
+        futures = [self.dht.get(key, latest=True, return_future=True) for key in self.keys]
+        newest: dict[str, PeerProgress] = {}
+        answered = False
+        for shard, future in enumerate(futures):
+            try:
+                found = future.result(timeout=timeout)
+            except TimeoutError:
+                continue
+            answered = True
+            for p in self._records(found):
+                if p.peer_id not in newest or p.time > newest[p.peer_id].time:
+                    newest[p.peer_id] = p
+        return list(newest.values()) if answered else None
+
+    def read(self, timeout: float = 5.0, shard: int = 0) -> Optional[list[PeerProgress]]:
+        """The latest records in ``shard``'s key (with one shard, everyone's); None when the DHT did not answer in
+        time (not the same as nobody there: a caller should keep what it knew, records carry their own time and go
+        stale by themselves)."""
         try:
-            found = self.dht.get(self.key, latest=True, return_future=True).result(timeout=timeout)
+            found = self.dht.get(self.keys[shard], latest=True, return_future=True).result(timeout=timeout)
         except TimeoutError:
             return None
+        return self._records(found)
+
+    def _records(self, found) -> list[PeerProgress]:
         if found is None or not isinstance(found.value, dict):
             return []
         out = []

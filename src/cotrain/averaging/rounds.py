@@ -171,11 +171,17 @@ class RoundAverager(abc.ABC):
         self.rules = RoundRules(cfg.inner_steps, cfg.round_wait, stale_after=3 * cfg.progress_interval + 1.0)
         self.admission = admission
         self.board = ProgressBoard(dht, run_id, ttl=self.rules.stale_after, admission=admission,
-                                   private_key=record_key)
+                                   private_key=record_key, shards=cfg.board_shards)
+        #: averaging.board_shards > 1: this peer reads only its shard's key at its round, so the view of one round
+        #: says nothing about the next (see :meth:`_view_stale`)
+        self.sharded = self.board.shards > 1
         self.phase = "train"
         self._peers: list[PeerProgress] = []
         self._peers_read_at = 0.0  # when the read that returned _peers began
+        self._view_round = -1  # the round whose shard _peers was read from
         self._stop = threading.Event()
+        #: set when the round changes on a sharded board: publish in and read the new round's shard at once
+        self._wake = threading.Event()
         self._board_read = threading.Event()
         self._publisher = threading.Thread(target=self._publish_loop, name="progress", daemon=True)
         #: hivemind's averager, for matchmaking; "board_only" has none (a process, and ~100 MB of PSS after a few
@@ -235,7 +241,8 @@ class RoundAverager(abc.ABC):
                         storing.succeeded()
                     else:
                         storing.failed(PublishRefused("no DHT node stored this peer's progress record"), action=action)
-                published = self.board.publish(self.progress(self.phase))
+                progress = self.progress(self.phase)
+                published = self.board.publish(progress)
             except (OSError, EOFError) as e:
                 if not self._stop.is_set():  # shutting down, or the DHT briefly unreachable
                     storing.failed(e, action=action)
@@ -243,11 +250,11 @@ class RoundAverager(abc.ABC):
                 if not self._stop.is_set():
                     storing.failed(e, expected=False, action=action)
             try:
-                read_at = time.time()
-                peers = self.board.read()
+                read_at, view_round = time.time(), self.round
+                peers = self.board.read(shard=self.board.shard(view_round, self.peer_id))
                 if peers is None:  # a DHT that did not answer in time leaves what we knew (it goes stale)
                     raise TimeoutError("the DHT did not answer a read of the progress board in time")
-                self._peers, self._peers_read_at = peers, read_at
+                self._peers, self._peers_read_at, self._view_round = peers, read_at, view_round
                 self._board_read.set()
                 if self.admission.enabled and time.monotonic() - revocations_read >= REVOCATIONS_READ_S:
                     revocations_read = time.monotonic()
@@ -259,7 +266,8 @@ class RoundAverager(abc.ABC):
             except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, the board keeps going
                 if not self._stop.is_set():
                     reading.failed(e, expected=False, action=action)
-            self._stop.wait(self.cfg.progress_interval)
+            self._wake.wait(self.cfg.progress_interval)
+            self._wake.clear()
 
     def progress(self, phase: str = "train") -> PeerProgress:
         return PeerProgress(self.peer_id, self.round, self.steps_in_round, self.samples_in_round, phase,
@@ -271,14 +279,16 @@ class RoundAverager(abc.ABC):
         deadline = time.time() + timeout
         said = time.time()
         while True:
-            live = {p.peer_id for p in live_peers(self._board_time(), self.progress(), self._peers, self.rules)}
+            # a sharded board's view is one shard: count the swarm from every shard (O(N), once at a start)
+            peers = (self.board.read_all() or []) if self.sharded else self._peers
+            live = {p.peer_id for p in live_peers(self._board_time(), self.progress(), peers, self.rules)}
             live.add(self.peer_id)
             if len(live) >= count or time.time() >= deadline or (stop is not None and stop.is_set()):
                 return len(live)
             if time.time() - said >= 30.0:
                 said = time.time()
                 logger.info("waiting for peers: %d of %d on the progress board (%d records read %.0fs ago)",
-                            len(live), count, len(self._peers), time.time() - self._peers_read_at)
+                            len(live), count, len(peers), time.time() - self._peers_read_at)
             time.sleep(self.cfg.progress_interval / 2)
 
     # ---- shared state --------------------------------------------------------------------------------------------
@@ -342,6 +352,8 @@ class RoundAverager(abc.ABC):
         """Download the shared state from the peer with the most progress; False when no peer has any."""
         self._board_read.wait(timeout=min(timeout, 3 * self.cfg.progress_interval + 5.0))
         donors = pick_donors(time.time(), self.peer_id, self._peers, self.rules.stale_after)
+        if not donors and self.sharded:  # nobody in our shard's key: look in every shard
+            donors = pick_donors(time.time(), self.peer_id, self.board.read_all() or [], self.rules.stale_after)
         result = download_state(self.exchange, donors, timeout, on_progress, run_id=self.run_id)
         if result is None:
             return False
@@ -373,10 +385,11 @@ class RoundAverager(abc.ABC):
                 return None  # the round's all-reduce runs on while we train
             self._finish_round(pending, self._result_of(pending))  # waits once the next round's steps are taken
             now = time.time()
-        if now < self.retry_at or self._awaiting_read(now) or self._board_unknown(now):
+        if now < self.retry_at or self._awaiting_read(now) or self._board_unknown(now) or self._view_stale():
             return None
         board_now = self._board_time()
-        decision = round_decision(board_now, self.progress(), self._peers, self.rules, self.reached_h_at)
+        decision = round_decision(board_now, self.progress(), self._peers, self.rules, self.reached_h_at,
+                                  alone_waits=self.sharded)
         early = decision.action is Action.TRAIN and self._meets_early(board_now)
         if early:  # no need to wait until the board shows the others at H: the meeting waits for them
             decision = Decision(Action.AVERAGE, f"reached {self.rules.inner_steps} steps: meeting this round's peers")
@@ -396,6 +409,15 @@ class RoundAverager(abc.ABC):
         were alone, averaged by themselves and ran ahead on a state nobody shared (thrown away at their next resync);
         a peer whose DHT is down keeps its local progress for when it is back."""
         return now - self._peers_read_at > self.rules.stale_after
+
+    def _view_stale(self) -> bool:
+        """A sharded board's view is of the shard of the round it was read at: once the round moved on, it shows
+        last round's shardmates, not this round's. Train on until the new round's shard is read (the publisher is
+        woken at once)."""
+        if not self.sharded or self._view_round == self.round:
+            return False
+        self._wake.set()
+        return True
 
     def _awaiting_read(self, now: float) -> bool:
         """After a meeting whose groupmates had planned another group: no new try until a read of the board that
@@ -433,7 +455,9 @@ class RoundAverager(abc.ABC):
         """This peer's planned group for the round, from the board; None when it cannot meet: nobody else is there,
         or two of its members cannot be dialled (behind NAT, neither can fetch the other's meeting; every member
         sees the same flags on the board, so they all go to matchmaking together)."""
-        here = round_peers(now, self.progress(), self._peers, self.rules, self.stats.last_group)
+        # on a sharded board last round's groupmates are in other shards now: only this round's shard counts
+        here = round_peers(now, self.progress(), self._peers, self.rules,
+                           () if self.sharded else self.stats.last_group)
         members = group_of(self.peer_id, plan_groups(self.round, [self.peer_id, *here], self.cfg.target_group_size,
                                                      self.run_id))
         dial_out_only = {p.peer_id for p in self._peers if not p.reducer}
@@ -691,6 +715,7 @@ class RoundAverager(abc.ABC):
         if self._worker is not None:
             self._worker.shutdown(wait=False, cancel_futures=True)
         self._stop.set()
+        self._wake.set()
         self._publisher.join(timeout=5)
         try:  # tell the peers at once that we are gone, rather than letting our record expire
             self.board.publish(self.progress("left"))

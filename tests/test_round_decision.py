@@ -40,6 +40,27 @@ def test_round_decision(why, me, peers, reached, expected):
     assert decision.reason
 
 
+SPLIT_CASES = [
+    # (why, me, peers, reached_h_at, expected action) with the round's peers in several groups
+    ("a group one round ahead: finish this round with the peers still at it", peer("me", 3, 6),
+     [peer("a", 4, 1), peer("b", 3, 5)], None, Action.TRAIN),
+    ("... and average with them", peer("me", 3, 10), [peer("a", 4, 1), peer("b", 3, 10)], NOW, Action.AVERAGE),
+    ("one round ahead and nobody left at ours: resync", peer("me", 3, 6), [peer("a", 4, 1)], None, Action.RESYNC),
+    ("two rounds ahead: resync", peer("me", 3, 6), [peer("a", 5, 1), peer("b", 3, 5)], None, Action.RESYNC),
+    ("a peer one round behind finishes with its own group: not waited for", peer("me", 3, 10),
+     [peer("a", 2, 10), peer("b", 3, 10)], NOW, Action.AVERAGE),
+    ("a peer two rounds behind resyncs to us: waited for", peer("me", 3, 10), [peer("a", 1, 10)], NOW, Action.TRAIN),
+    ("a paused peer at our round does not hold us at it", peer("me", 3, 6), [peer("a", 4, 1), peer("b", 3, 5, "paused")],
+     None, Action.RESYNC),
+]
+
+
+@pytest.mark.parametrize("why, me, peers, reached, expected", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
+def test_round_decision_with_several_groups_a_round(why, me, peers, reached, expected):
+    decision = round_decision(NOW, me, peers, RULES, reached, split=True)
+    assert decision.action is expected, decision.reason
+
+
 def test_malformed_records_are_ignored():
     assert PeerProgress.from_record("x", {"round": "not a number"}) is None
     assert PeerProgress.from_record("x", {"steps": 1}) is None

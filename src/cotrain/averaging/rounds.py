@@ -389,7 +389,7 @@ class RoundAverager(abc.ABC):
             return None
         board_now = self._board_time()
         decision = round_decision(board_now, self.progress(), self._peers, self.rules, self.reached_h_at,
-                                  alone_waits=self.sharded)
+                                  alone_waits=self.sharded, split=self._split(board_now))
         early = decision.action is Action.TRAIN and self._meets_early(board_now)
         if early:  # no need to wait until the board shows the others at H: the meeting waits for them
             decision = Decision(Action.AVERAGE, f"reached {self.rules.inner_steps} steps: meeting this round's peers")
@@ -443,12 +443,19 @@ class RoundAverager(abc.ABC):
                 and self._met_round != self.round and not self._peers_behind(now)
                 and self._board_group(now) is not None)
 
+    def _split(self, now: float) -> bool:
+        """The round's peers average in several groups: the board is sharded, or it shows more live peers than
+        ``target_group_size`` (see round_decision's ``split``)."""
+        size = self.cfg.target_group_size
+        return self.sharded or (size > 0 and len(live_peers(now, self.progress(), self._peers, self.rules)) + 1 > size)
+
     def _peers_behind(self, now: float) -> bool:
         """A live peer the board shows at an earlier round (a node that just joined or came back, resynchronising):
         round_decision waits for it (up to round_wait), and so must the early meeting. Meeting at once without it, a
         fast swarm (rounds shorter than a board read) left a returning node behind round after round."""
         me = self.progress()
-        return any(p.round < me.round and p.phase != "paused" and p.peer_id not in self.stats.last_group
+        lag = 2 if self._split(now) else 1  # split: a peer one round behind finishes it with its own group
+        return any(p.round <= me.round - lag and p.phase != "paused" and p.peer_id not in self.stats.last_group
                    for p in live_peers(now, me, self._peers, self.rules))
 
     def _board_group(self, now: float) -> Optional[list[str]]:

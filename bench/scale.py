@@ -1,7 +1,9 @@
 """How a swarm grows on one machine: 4, 8, 16, 32 real nodes (processes) training one model in groups of the same
 size, what each round takes and what each node costs.
 
-    python bench/scale.py [--nodes 4 8 16 32] [--group 4] [--samples 100000] [--formation board] [--json FILE]
+    python bench/scale.py [--nodes 4 8 16 32] [--group 4] [--samples 100000] [--formation board] [--shards auto]
+                          [--json FILE]
+    python bench/scale.py --virtual 100 300 1000 [--virtual-seconds 60] [--json FILE]
 
 Every run is a real swarm on this machine: a coordinator and N ``cotrain node join`` processes, one torch thread
 each (more nodes than cores: the kernel shares the cores out), a small byte-level LSTM, DiLoCo with
@@ -20,6 +22,11 @@ runs compares the same amount of training. Columns:
 - ``coord CPU``: the coordinator's CPU over the run (cores: 1.0 is one core busy);
 - ``heartbeat p99 ms``: the nodes' heartbeat round trips, 99th percentile of every one sampled;
 - ``val loss``: the shared model's validation loss (nats per byte) after the budget.
+
+``--virtual`` runs the pure-Python model of :mod:`cotrain.averaging.simulation` instead: hundreds of virtual peers
+(no training, no network) deciding with the node's own round functions on a modelled board, once with the board as
+one key and once sharded (``--shards``, "auto" by default there), and reports how groups formed and what the board
+costs a node (DHT bytes a minute, by a Kademlia traffic model) and its busiest replica.
 """
 
 from __future__ import annotations
@@ -34,17 +41,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (Swarm, bench_parser, default_text, final_checkpoint, interruptible, lstm_config,  # noqa: E402
                     print_table, work_folder, write_json)
 
+from cotrain.averaging.simulation import SimConfig, simulate  # noqa: E402
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.evaluation import evaluate_state  # noqa: E402
 from cotrain.footprint import footprint  # noqa: E402
 
 
-def make_config(args) -> RunConfig:
+def shards_for(args, nodes: int) -> int:
+    """--shards: a count, or "auto": shards of about twice the group (averaging.board_shards' advice)."""
+    if args.shards == "auto":
+        return max(1, nodes // (2 * max(1, args.group)))
+    return int(args.shards)
+
+
+def make_config(args, nodes: int) -> RunConfig:
     return lstm_config(
         "scale", args.data, args.hidden, embed_dim=16, seq_len=32, batch_size=8,
         optimizer={"lr": 3e-3, "grad_clip": 1.0},
         averaging={"strategy": "diloco", "inner_steps": args.inner_steps, "target_group_size": args.group,
-                   "group_formation": args.formation,
+                   "group_formation": args.formation, "board_shards": shards_for(args, nodes),
                    "progress_interval": args.progress_interval, "matchmaking_time": 3.0, "request_timeout": 2.0,
                    "round_wait": 10.0, "allreduce_timeout": 60.0},
         compression={"kind": "none"},
@@ -60,7 +75,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def one_run(args, nodes: int) -> dict:
-    cfg = make_config(args)
+    cfg = make_config(args, nodes)
     names = [f"node-{i}" for i in range(nodes)]
     with work_folder("cotrain-scale-", keep=args.keep) as tmp, Swarm(cfg, tmp, nodes=nodes) as swarm:
         started = time.monotonic()
@@ -108,7 +123,8 @@ def one_run(args, nodes: int) -> dict:
         final = final_checkpoint(tmp, names)
         metrics = evaluate_state(cfg, final.model_state(), max_bytes=args.eval_bytes)
     round_s = statistics.median(per_round) if per_round else float("nan")
-    return dict(nodes=nodes, group=args.group, formation=args.formation, round_s=round_s,
+    return dict(nodes=nodes, group=args.group, formation=args.formation, board_shards=cfg.averaging.board_shards,
+                round_s=round_s,
                 rounds_per_min=60.0 / round_s if per_round else 0.0, step_s=per_step, partial_rounds=partial, rounds_completed=completed,
                 partial_fraction=partial / max(1, completed),
                 rss_mb_per_node=statistics.mean(c.rss_bytes for c in costs) / 2**20 if costs else float("nan"),
@@ -117,6 +133,30 @@ def one_run(args, nodes: int) -> dict:
                 coordinator_cpu=coordinator_cpu, heartbeat_p99_ms=percentile(rtts, 0.99),
                 val_loss=metrics["val_loss"], val_bpc=metrics.get("val_bpc"), samples=samples,
                 window_s=window, final_round=final.round)
+
+
+def virtual_runs(args) -> None:
+    runs = []
+    for peers in args.virtual:
+        for shards in sorted({1, shards_for(args, peers)}):
+            cfg = SimConfig(peers=peers, shards=shards, group=args.group, inner_steps=args.inner_steps,
+                            progress_interval=args.progress_interval, duration_s=args.virtual_seconds)
+            started = time.monotonic()
+            result = simulate(cfg)
+            row = dict(vars(result), sim_wall_s=time.monotonic() - started, group=args.group,
+                       inner_steps=args.inner_steps, step_s=cfg.step_s, duration_s=cfg.duration_s)
+            runs.append(row)
+            print(f"  {peers} virtual peers, {shards} shard(s): {row['dht_bytes_per_node_min'] / 1e6:.2f} MB a node "
+                  f"a minute ({row['sim_wall_s']:.0f}s to simulate)", flush=True)
+    print_table(f"Virtual peers on a modelled board, groups of {args.group}, H={args.inner_steps}, "
+                f"{args.virtual_seconds:g}s simulated",
+                ["peers", "shards", "records/read", "DHT MB/node/min", "busiest MB/min", "rounds/min", "group size",
+                 "failed meetings", "resyncs", "alone", "states at lead"],
+                [[r["peers"], r["shards"], r["records_per_read"], r["dht_bytes_per_node_min"] / 1e6,
+                  r["busiest_node_bytes_min"] / 1e6, r["rounds_per_min"], r["group_size"], r["failed_meetings"],
+                  r["resyncs"], r["alone"], r["states_at_end"]] for r in runs])
+    write_json(args.json, {"virtual": runs, "group": args.group, "shards": args.shards,
+                           "inner_steps": args.inner_steps, "model": "cotrain.averaging.simulation"})
 
 
 def main() -> None:
@@ -128,13 +168,23 @@ def main() -> None:
     parser.add_argument("--inner-steps", type=int, default=20, help="local steps per round (H)")
     parser.add_argument("--formation", default="board", choices=["board", "board_only", "matchmaking"],
                         help="averaging.group_formation (board_only: no hivemind averager process)")
+    parser.add_argument("--shards", default=None,
+                        help='averaging.board_shards: a count, or "auto" (nodes / (2 x group), at least 1); default 1, '
+                             'and "auto" with --virtual (which runs one key too, side by side)')
     parser.add_argument("--progress-interval", type=float, default=1.0)
     parser.add_argument("--heartbeat-interval", type=float, default=2.0)
     parser.add_argument("--eval-bytes", type=int, default=65536, help="validation bytes the final model is scored on")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take")
     parser.add_argument("--keep", action="store_true", help="keep the runs' folders (logs, state)")
+    parser.add_argument("--virtual", type=int, nargs="+", default=None,
+                        help="virtual peers instead of real nodes (cotrain.averaging.simulation), e.g. 100 300 1000")
+    parser.add_argument("--virtual-seconds", type=float, default=60.0, help="seconds of swarm time to simulate")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.shards is None:
+        args.shards = "auto" if args.virtual else "1"
+    if args.virtual:
+        return virtual_runs(args)
     args.data = args.data or default_text()
     runs = []
     try:
@@ -153,14 +203,14 @@ def main() -> None:
         print("interrupted: the runs so far", file=sys.stderr)
     print_table(f"A swarm on this machine, groups of {args.group} formed by {args.formation}, {args.samples} samples a "
                 "run",
-                ["nodes", "round s", "rounds/min", "step s", "partial", "PSS MB", "RSS MB", "processes",
+                ["nodes", "shards", "round s", "rounds/min", "step s", "partial", "PSS MB", "RSS MB", "processes",
                  "coord CPU", "heartbeat p99 ms", "val loss"],
-                [[r["nodes"], r["round_s"], r["rounds_per_min"], r["step_s"],
+                [[r["nodes"], r["board_shards"], r["round_s"], r["rounds_per_min"], r["step_s"],
                   f"{r['partial_rounds']}/{r['rounds_completed']}", r["pss_mb_per_node"], r["rss_mb_per_node"],
                   r["processes_per_node"], r["coordinator_cpu"], r["heartbeat_p99_ms"], r["val_loss"]]
-                 if "error" not in r else [r["nodes"], "did not run: " + r["error"][:60]] + [""] * 9 for r in runs])
-    write_json(args.json, {"runs": runs, "group": args.group, "formation": args.formation, "samples": args.samples, "hidden": args.hidden,
-                           "inner_steps": args.inner_steps})
+                 if "error" not in r else [r["nodes"], "", "did not run: " + r["error"][:60]] + [""] * 9 for r in runs])
+    write_json(args.json, {"runs": runs, "group": args.group, "formation": args.formation, "shards": args.shards,
+                           "samples": args.samples, "hidden": args.hidden, "inner_steps": args.inner_steps})
 
 
 if __name__ == "__main__":

@@ -4,7 +4,12 @@ A coordinator starts on this machine with ``--managed-nodes N``: N nodes run as 
 (a local Ray instance, or the operator's cluster with ``--ray-address``), join over gRPC like volunteers, and train
 together through hivemind. The command shows the swarm's status while it runs and a summary at the end (rounds,
 samples, the latest validation figures, bytes on the wire per node, alerts). Each node is a full process (torch and
-hivemind: about 300-400 MB of memory), so size ``--nodes`` to the machines.
+hivemind: about 450-600 MB of memory), so size ``--nodes`` to the machines.
+
+``--virtual N`` models a larger swarm instead: N virtual peers of a pure-Python round model (no training, no
+network; :mod:`cotrain.averaging.simulation`) deciding with the node's own round functions under the config's
+averaging settings, and reports how groups formed and what the progress board costs a node by a DHT traffic model:
+what ``averaging.board_shards`` buys at hundreds of peers.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ def add_parser(subparsers) -> None:
     sim = subparsers.add_parser("simulate", help="run a virtual swarm of N nodes as Ray actors to try a run config",
                                 description=__doc__)
     sim.add_argument("--nodes", type=int, default=8, help="virtual nodes (Ray actors)")
+    sim.add_argument("--virtual", type=int, default=0, metavar="N",
+                     help="model N virtual peers (no training, no Ray) over --duration seconds of swarm time")
     sim.add_argument("--config", type=Path, default=None, help="run config (TOML); default: built-in defaults")
     sim.add_argument("--duration", type=float, default=120.0, help="seconds of training once the nodes run")
     sim.add_argument("--cpus-per-node", type=float, default=0.0,
@@ -43,6 +50,8 @@ def cmd_simulate(args) -> int:
     if args.cpus_per_node < 0:
         raise SystemExit(f"--cpus-per-node: must be > 0, got {args.cpus_per_node}")
     cfg = RunConfig.load(args.config) if args.config else RunConfig()
+    if args.virtual:
+        return virtual_swarm(args, cfg)
 
     from rich.console import Console
 
@@ -100,3 +109,27 @@ def cmd_simulate(args) -> int:
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0 if code == 0 else 1
+
+
+def virtual_swarm(args, cfg: RunConfig) -> int:
+    from dataclasses import asdict
+
+    from cotrain.averaging.simulation import SimConfig, simulate
+
+    if not 2 <= args.virtual <= 100_000:
+        raise SystemExit(f"--virtual: must be in [2, 100000], got {args.virtual}")
+    a = cfg.averaging
+    result = simulate(SimConfig(peers=args.virtual, shards=a.board_shards, group=a.target_group_size,
+                                inner_steps=a.inner_steps, progress_interval=a.progress_interval,
+                                round_wait=a.round_wait, matchmaking_time=a.matchmaking_time,
+                                duration_s=args.duration))
+    if args.format == "json":
+        print(json.dumps(asdict(result), indent=1))
+        return 0
+    print(f"{result.peers} virtual peers, board in {result.shards} shard(s), {args.duration:g}s of swarm time: "
+          f"{result.rounds_per_min:.1f} rounds a minute a peer, {result.groups} groups of {result.group_size:.1f} "
+          f"on average, {result.failed_meetings} meetings that did not fill, {result.resyncs} resyncs, "
+          f"{result.alone} rounds alone; a board read {result.records_per_read:.0f} records, "
+          f"{result.dht_bytes_per_node_min / 1e6:.2f} MB of DHT traffic a node a minute "
+          f"(busiest replica {result.busiest_node_bytes_min / 1e6:.1f} MB a minute)")
+    return 0

@@ -1,0 +1,272 @@
+"""A swarm of virtual peers on a modelled progress board: how rounds form and what the board costs at 100-1000 peers.
+
+No training and no network: each virtual peer takes local steps (a step time drawn per peer), publishes its
+progress and reads its key of the board every ``progress_interval``, and decides with the node's own pure
+functions (:func:`~cotrain.averaging.progress.round_decision`, :func:`~cotrain.averaging.progress.round_peers`,
+:func:`~cotrain.averaging.progress.shard_of`, :func:`~cotrain.averaging.groups.plan_groups`). A planned group meets
+when every member planned the same one within ``matchmaking_time``; its all-reduce then takes ``allreduce_s``.
+A shared state is a version id: a group's members leave with one new id, a peer that resyncs takes its donor's.
+
+What the board costs is counted from its operations with a model of hivemind's Kademlia DHT (the constants below):
+a lookup visits about log2(N) peers, each answering with up to ``BUCKET`` contacts; a store goes to ``REPLICAS``
+peers; a read gets the key's whole value (every live record in it) from the replicas it reaches. A record is
+``RECORD_BYTES`` on the wire (measured: the signed msgpack of a progress record with its credential and owner key).
+The figures are a model's, for the shape of the growth (one key: O(N) a read; S shards: O(N/S)); the processes of
+``bench/scale.py`` measure real nodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import statistics
+from dataclasses import dataclass, field
+from typing import Optional
+
+from cotrain.averaging.groups import group_key, group_of, plan_groups
+from cotrain.averaging.progress import Action, PeerProgress, RoundRules, live_peers, round_decision, round_peers, \
+    shard_of
+
+#: a progress record on the wire: the signed msgpack of the record (with its ~550-byte credential) and its subkey
+#: (peer id and RSA owner key), as measured from the board's own encoding
+RECORD_BYTES = 1460
+#: hivemind's defaults: a value is stored on the 5 peers nearest its key; routing tables answer 20 contacts
+REPLICAS = 5
+BUCKET = 20
+CONTACT_BYTES = 60  # a peer id and an address in a lookup's answer
+REQUEST_BYTES = 120  # a find / store / get request's own bytes, key and framing
+
+
+def lookup_bytes(n: int) -> int:
+    """One Kademlia lookup in a swarm of ``n``: about log2(n) hops, each a request and ``BUCKET`` contacts back."""
+    hops = max(1, math.ceil(math.log2(max(2, n))))
+    return hops * (REQUEST_BYTES + BUCKET * CONTACT_BYTES)
+
+
+@dataclass
+class SimConfig:
+    peers: int = 100
+    shards: int = 1  # averaging.board_shards
+    group: int = 4  # averaging.target_group_size
+    inner_steps: int = 20  # H
+    step_s: float = 0.25  # mean seconds a local step takes
+    step_spread: float = 0.2  # peers' step times vary by this fraction (lognormal sigma)
+    progress_interval: float = 1.0
+    round_wait: float = 10.0
+    matchmaking_time: float = 3.0
+    allreduce_s: float = 0.2
+    resync_s: float = 1.0  # downloading a state
+    duration_s: float = 120.0
+    tick_s: float = 0.05
+    seed: int = 0
+    #: round_decision's ``split`` where the node uses it (False: the rule before it, for comparison)
+    split: bool = True
+
+
+@dataclass
+class Peer:
+    name: str
+    step_s: float
+    round: int = 0
+    steps: int = 0
+    samples: int = 0
+    state: str = "s0"
+    phase: str = "train"
+    mid_round: bool = False
+    next_step: float = 0.0
+    next_publish: float = 0.0
+    busy_until: float = 0.0  # in an all-reduce or a download
+    view: list = field(default_factory=list)
+    view_round: int = -1
+    read_at: float = -1e9
+    reached_h_at: Optional[float] = None
+    met_round: int = -1
+    retry_at: float = 0.0
+    meeting: Optional[tuple] = None  # (round, key, members, since)
+    last_group: tuple = ()
+    #: from the last read, so that most steps need no decision: the highest round on it, and the rounds at which
+    #: some peer was averaging
+    view_max_round: int = -1
+    view_averaging: frozenset = frozenset()
+
+    def progress(self, now: float) -> PeerProgress:
+        return PeerProgress(self.name, self.round, self.steps, self.samples, self.phase, self.mid_round, now)
+
+
+@dataclass
+class SimResult:
+    peers: int
+    shards: int
+    rounds_per_min: float  # the swarm's: group rounds completed per minute, over the peers, per peer
+    group_size: float  # mean size of the groups that averaged
+    groups: int
+    alone: int  # rounds a peer applied by itself
+    failed_meetings: int
+    resyncs: int
+    records_per_read: float
+    dht_bytes_per_node_min: float  # sent and received by an average peer for the board, per minute
+    busiest_node_bytes_min: float  # served by the busiest peer (a replica of a popular key), per minute
+    states_at_end: int  # distinct shared states held by the peers at the leading round at the end
+    lead_round: int
+
+
+class BoardSim:
+    def __init__(self, cfg: SimConfig):
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.peers = [Peer(f"p{i:04d}", cfg.step_s * math.exp(self.rng.gauss(0.0, cfg.step_spread)))
+                      for i in range(cfg.peers)]
+        for p in self.peers:  # not all in step: publications and first steps spread over an interval
+            p.next_publish = self.rng.uniform(0, cfg.progress_interval)
+            p.next_step = self.rng.uniform(0, p.step_s)
+        self.rules = RoundRules(cfg.inner_steps, cfg.round_wait, stale_after=3 * cfg.progress_interval + 1.0)
+        self.shards: list[dict[str, tuple[PeerProgress, float]]] = [{} for _ in range(max(1, cfg.shards))]
+        self.meetings: dict[tuple, dict[str, float]] = {}  # (round, group key) -> member -> when it came
+        self.bytes_by_peer = {p.name: 0 for p in self.peers}
+        self.served = {p.name: 0 for p in self.peers}
+        self.reads = self.records_read = 0
+        self.groups = self.group_members = self.alone = self.failed = self.resyncs = 0
+        self.by_name = {p.name: p for p in self.peers}
+
+    # ---- the board and its traffic -------------------------------------------------------------------------------
+    def _replicas(self, key: str) -> list[str]:
+        """The peers a key's value lives on: the REPLICAS nearest its hash (a stand-in for XOR distance)."""
+        start = int(hashlib.sha1(key.encode()).hexdigest(), 16) % len(self.peers)
+        return [self.peers[(start + i) % len(self.peers)].name for i in range(min(REPLICAS, len(self.peers)))]
+
+    def _publish(self, p: Peer, now: float) -> None:
+        shard = shard_of("sim", p.round, p.name, len(self.shards))
+        self.shards[shard][p.name] = (p.progress(now), now + self.rules.stale_after)
+        cost = lookup_bytes(len(self.peers)) + REPLICAS * (REQUEST_BYTES + RECORD_BYTES)
+        self.bytes_by_peer[p.name] += cost
+        for r in self._replicas(f"shard{shard}"):
+            self.served[r] += REQUEST_BYTES + RECORD_BYTES
+
+    def _read(self, p: Peer, now: float) -> None:
+        shard = shard_of("sim", p.round, p.name, len(self.shards))
+        key = self.shards[shard]
+        for name in [n for n, (_, expires) in key.items() if expires < now]:
+            del key[name]
+        p.view, p.view_round, p.read_at = [rec for rec, _ in key.values()], p.round, now
+        p.view_max_round = max((q.round for q in p.view if q.peer_id != p.name), default=-1)
+        p.view_averaging = frozenset(q.round for q in p.view if q.phase == "average" and q.peer_id != p.name)
+        value = len(p.view) * RECORD_BYTES
+        replicas = self._replicas(f"shard{shard}")
+        self.bytes_by_peer[p.name] += lookup_bytes(len(self.peers)) + len(replicas) * (REQUEST_BYTES + value)
+        for r in replicas:
+            self.served[r] += REQUEST_BYTES + value
+        self.reads += 1
+        self.records_read += len(p.view)
+
+    # ---- a peer's rounds -----------------------------------------------------------------------------------------
+    def _advance(self, p: Peer, now: float, state: str, mid_round: bool = False) -> None:
+        p.round += 1 if not mid_round else 0
+        p.state, p.steps, p.samples, p.phase, p.mid_round = state, 0, 0, "train", mid_round
+        p.reached_h_at, p.meeting = None, None
+
+    def _resync(self, p: Peer, now: float) -> None:
+        donors = [q for q in live_peers(p.read_at, p.progress(now), p.view, self.rules) if q.round > p.round]
+        if not donors:
+            return
+        donor = self.by_name[max(donors, key=lambda q: q.round).peer_id]
+        p.round = donor.round
+        self._advance(p, now, donor.state, mid_round=True)
+        p.busy_until = now + self.cfg.resync_s
+        self.resyncs += 1
+
+    def _go_to_meeting(self, p: Peer, now: float) -> None:
+        sharded = len(self.shards) > 1
+        here = round_peers(p.read_at, p.progress(now), p.view, self.rules, () if sharded else p.last_group)
+        members = group_of(p.name, plan_groups(p.round, [p.name, *here], self.cfg.group, "sim"))
+        p.met_round = p.round
+        if len(members) < 2:
+            return
+        key = (p.round, group_key(p.round, members))
+        self.meetings.setdefault(key, {})[p.name] = now
+        p.meeting, p.phase = (p.round, key, members, now), "average"
+
+    def _settle_meetings(self, now: float) -> None:
+        for key, came in list(self.meetings.items()):
+            round_number = key[0]
+            any_member = self.by_name[next(iter(came))]
+            members = any_member.meeting[2] if any_member.meeting and any_member.meeting[1] == key else list(came)
+            if all(m in came for m in members):
+                states = [self.by_name[m].state for m in members]
+                majority = max(set(states), key=lambda s: (states.count(s), s))
+                new_state = hashlib.sha1(f"{majority}|{round_number}|{'|'.join(sorted(members))}".encode()).hexdigest()[:12]
+                for m in members:
+                    q = self.by_name[m]
+                    self._advance(q, now, new_state)
+                    q.last_group = tuple(x for x in members if x != m)
+                    q.busy_until = now + self.cfg.allreduce_s + (self.cfg.resync_s if states[members.index(m)]
+                                                                   != majority else 0.0)
+                self.groups += 1
+                self.group_members += len(members)
+                del self.meetings[key]
+            elif now - min(came.values()) > self.cfg.matchmaking_time:
+                for m in came:
+                    q = self.by_name[m]
+                    if q.meeting is not None and q.meeting[1] == key:
+                        q.meeting, q.phase = None, "train"
+                        q.retry_at = now + self.cfg.progress_interval  # as a reread: try again after a read
+                self.failed += 1
+                del self.meetings[key]
+
+    def _step(self, p: Peer, now: float) -> None:
+        p.steps += 1
+        p.samples += 8
+        if p.steps >= self.cfg.inner_steps and p.reached_h_at is None:
+            p.reached_h_at = now
+        if p.meeting is not None or now < p.retry_at or (len(self.shards) > 1 and p.view_round != p.round):
+            return
+        if (p.steps < self.cfg.inner_steps and p.view_max_round <= p.round
+                and p.round not in p.view_averaging):  # round_decision's answer without asking it: train on
+            return
+        board_now = p.read_at
+        live = live_peers(board_now, p.progress(board_now), p.view, self.rules)
+        split = len(self.shards) > 1 or (self.cfg.group > 0 and len(live) + 1 > self.cfg.group)  # as the node's
+        decision = round_decision(board_now, p.progress(board_now), p.view, self.rules, p.reached_h_at,
+                                  alone_waits=len(self.shards) > 1, split=split and self.cfg.split)
+        if decision.action is Action.RESYNC:
+            self._resync(p, now)
+        elif decision.action is Action.AVERAGE:
+            if not live:
+                self._advance(p, now, hashlib.sha1(f"{p.state}|{p.name}".encode()).hexdigest()[:12])
+                self.alone += 1
+            else:
+                self._go_to_meeting(p, now)
+        elif p.reached_h_at is not None and p.met_round != p.round:  # the early meeting, as the node's
+            self._go_to_meeting(p, now)
+
+    def run(self) -> SimResult:
+        cfg, now = self.cfg, 0.0
+        while now < cfg.duration_s:
+            for p in self.peers:
+                woken = len(self.shards) > 1 and p.view_round != p.round and p.busy_until <= now  # as the node
+                if now >= p.next_publish or woken:
+                    self._publish(p, now)
+                    self._read(p, now)
+                    p.next_publish = now + cfg.progress_interval
+                if now >= p.next_step and now >= p.busy_until:
+                    if p.meeting is None:
+                        self._step(p, now)
+                    p.next_step = now + p.step_s
+            self._settle_meetings(now)
+            now += cfg.tick_s
+        lead = max(p.round for p in self.peers)
+        minutes = cfg.duration_s / 60.0
+        return SimResult(
+            peers=cfg.peers, shards=len(self.shards),
+            rounds_per_min=statistics.mean(p.round for p in self.peers) / minutes,
+            group_size=self.group_members / max(1, self.groups), groups=self.groups, alone=self.alone,
+            failed_meetings=self.failed, resyncs=self.resyncs,
+            records_per_read=self.records_read / max(1, self.reads),
+            dht_bytes_per_node_min=statistics.mean(self.bytes_by_peer.values()) / minutes,
+            busiest_node_bytes_min=max(self.served.values()) / minutes,
+            states_at_end=len({p.state for p in self.peers if p.round == lead}), lead_round=lead)
+
+
+def simulate(cfg: SimConfig) -> SimResult:
+    """Run ``cfg.duration_s`` seconds of a virtual swarm (``cfg.tick_s`` at a time) and sum it up."""
+    return BoardSim(cfg).run()

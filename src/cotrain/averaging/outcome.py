@@ -16,7 +16,7 @@ class Kind(enum.Enum):
     APPLY = "apply"  # the group averaged: apply the average and go to the next round
     RESYNC = "resync"  # the group averaged, but our shared state differs from the group's: download it
     FAILED = "failed"  # no group, or the all-reduce failed: train on and retry after a pause
-    UNFILLED = "unfilled"  # an early meeting that not every planned peer came to: train on, no pause
+    UNFILLED = "unfilled"  # a meeting (early, or board_only's) not every planned peer came to: train on, no pause
 
 
 @dataclass(frozen=True)

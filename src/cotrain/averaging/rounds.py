@@ -162,6 +162,7 @@ class RoundAverager(abc.ABC):
         #: again at every try
         self._met_round = -1
         self._meetings_held = 0
+        self._meeting_held = False
         self.stats = RoundStats()
         #: averaging.overlap: rounds run on this worker thread while the node trains on; one at a time
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="round") if cfg.overlap else None
@@ -570,6 +571,7 @@ class RoundAverager(abc.ABC):
         when they all agree; (None, why, disagreed) when they do not: ``disagreed`` when a groupmate planned another
         group (the caller waits for a fresh board read), else the caller falls back to hivemind's matchmaking."""
         members = self._board_group(self._board_time())
+        self._meeting_held = False  # whether this try went to a meeting (one that did not fill is held again)
         self._meetings_held = self._meetings_held + 1 if self._met_round == launch.round else 1
         self._met_round = launch.round
         if members is None:
@@ -586,6 +588,7 @@ class RoundAverager(abc.ABC):
         def admitted(peer: str, cred: bytes) -> bool:
             return self.admission.check(cred, peer, "a place in an averaging group").ok
 
+        self._meeting_held = True
         outcome = hold_meeting(self.exchange, self.peer_id, mine, peers, self.cfg.matchmaking_time,
                                self.cfg.request_timeout, admitted, self._stop)
         if not outcome.ok:
@@ -627,6 +630,11 @@ class RoundAverager(abc.ABC):
         if formed is None and launch.early:
             return RoundResult(Kind.UNFILLED, why or "the planned group did not meet",
                                meet_s=time.monotonic() - started)
+        if formed is None and self.averager is None and not disagreed and self._meeting_held:
+            # board_only: the meeting already waited matchmaking_time for the others; pausing as long again before
+            # the next (as after a failed round) left 32 loaded nodes meeting half the time, and four peers' windows
+            # seldom overlapped: no group formed in 15 minutes. Meet again at the next step
+            return RoundResult(Kind.UNFILLED, why, meet_s=time.monotonic() - started)
         if formed is None and (disagreed or self.averager is None):  # no matchmaking: meet again at the next try
             return RoundResult(Kind.FAILED, why, meet_s=time.monotonic() - started, reread=disagreed)
         if formed is None:

@@ -23,6 +23,12 @@ runs compares the same amount of training. Columns:
 - ``heartbeat p99 ms``: the nodes' heartbeat round trips, 99th percentile of every one sampled;
 - ``val loss``: the shared model's validation loss (nats per byte) after the budget.
 
+With ``--virtual``: ``records/read`` (a board read's records), ``DHT MB/node/min`` (what the board costs a peer,
+sent and received), ``busiest MB/min`` (served by the busiest replica of a board key), ``rounds/min`` (a peer's round
+counter), ``averaged/peer/min`` (contributions that went into a group's average; at most 60 / (H x step s), 12
+here), ``states at lead`` (distinct shared states among the peers at the leading round: groups that never met
+apply different averages).
+
 ``--virtual`` runs the pure-Python model of :mod:`cotrain.averaging.simulation` instead: hundreds of virtual peers
 (no training, no network) deciding with the node's own round functions on a modelled board, once with the board as
 one key and once sharded (``--shards``, "auto" by default there), and reports how groups formed and what the board
@@ -150,11 +156,11 @@ def virtual_runs(args) -> None:
                   f"a minute ({row['sim_wall_s']:.0f}s to simulate)", flush=True)
     print_table(f"Virtual peers on a modelled board, groups of {args.group}, H={args.inner_steps}, "
                 f"{args.virtual_seconds:g}s simulated",
-                ["peers", "shards", "records/read", "DHT MB/node/min", "busiest MB/min", "rounds/min", "group size",
-                 "failed meetings", "resyncs", "alone", "states at lead"],
+                ["peers", "shards", "records/read", "DHT MB/node/min", "busiest MB/min", "rounds/min",
+                 "averaged/peer/min", "group size", "failed meetings", "resyncs", "alone", "states at lead"],
                 [[r["peers"], r["shards"], r["records_per_read"], r["dht_bytes_per_node_min"] / 1e6,
-                  r["busiest_node_bytes_min"] / 1e6, r["rounds_per_min"], r["group_size"], r["failed_meetings"],
-                  r["resyncs"], r["alone"], r["states_at_end"]] for r in runs])
+                  r["busiest_node_bytes_min"] / 1e6, r["rounds_per_min"], r["averaged_per_peer_min"], r["group_size"],
+                  r["failed_meetings"], r["resyncs"], r["alone"], r["states_at_end"]] for r in runs])
     write_json(args.json, {"virtual": runs, "group": args.group, "shards": args.shards,
                            "inner_steps": args.inner_steps, "model": "cotrain.averaging.simulation"})
 

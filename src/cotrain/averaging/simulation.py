@@ -101,6 +101,8 @@ class SimResult:
     rounds_per_min: float  # the swarm's: group rounds completed per minute, over the peers, per peer
     group_size: float  # mean size of the groups that averaged
     groups: int
+    #: contributions that went into a group's average, per peer and minute (at most 60 / (H x step_s))
+    averaged_per_peer_min: float
     alone: int  # rounds a peer applied by itself
     failed_meetings: int
     resyncs: int
@@ -259,7 +261,8 @@ class BoardSim:
         return SimResult(
             peers=cfg.peers, shards=len(self.shards),
             rounds_per_min=statistics.mean(p.round for p in self.peers) / minutes,
-            group_size=self.group_members / max(1, self.groups), groups=self.groups, alone=self.alone,
+            group_size=self.group_members / max(1, self.groups), groups=self.groups,
+            averaged_per_peer_min=self.group_members / cfg.peers / minutes, alone=self.alone,
             failed_meetings=self.failed, resyncs=self.resyncs,
             records_per_read=self.records_read / max(1, self.reads),
             dht_bytes_per_node_min=statistics.mean(self.bytes_by_peer.values()) / minutes,

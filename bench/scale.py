@@ -69,8 +69,10 @@ def make_config(args, nodes: int) -> RunConfig:
                    "progress_interval": args.progress_interval, "matchmaking_time": 3.0, "request_timeout": 2.0,
                    "round_wait": 10.0, "allreduce_timeout": 60.0},
         compression={"kind": "none"},
+        # units of 16 KB: the corpus in some 64 of them, more than the largest swarm, so that no node waits for one
+        # (with the default 128 KB, tinyshakespeare is 9 units and half of 16 nodes waited, paused, for work)
         coordinator={"heartbeat_interval_s": args.heartbeat_interval, "lost_after_missed": 30,
-                     "eval_bytes": 32768})
+                     "eval_bytes": 32768, "unit_bytes": 16384})
 
 
 def percentile(values: list[float], q: float) -> float:

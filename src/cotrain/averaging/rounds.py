@@ -242,8 +242,7 @@ class RoundAverager(abc.ABC):
                         storing.succeeded()
                     else:
                         storing.failed(PublishRefused("no DHT node stored this peer's progress record"), action=action)
-                progress = self.progress(self.phase)
-                published = self.board.publish(progress)
+                published = self.board.publish(self.progress(self.phase))
             except (OSError, EOFError) as e:
                 if not self._stop.is_set():  # shutting down, or the DHT briefly unreachable
                     storing.failed(e, action=action)
@@ -290,7 +289,7 @@ class RoundAverager(abc.ABC):
                 said = time.time()
                 logger.info("waiting for peers: %d of %d on the progress board (%d records read %.0fs ago)",
                             len(live), count, len(peers), time.time() - self._peers_read_at)
-            time.sleep(self.cfg.progress_interval / 2)
+            time.sleep(self.cfg.progress_interval * (2 if self.sharded else 0.5))  # every shard: less often
 
     # ---- shared state --------------------------------------------------------------------------------------------
     def _all_shared(self) -> list[torch.Tensor]:

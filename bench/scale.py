@@ -48,6 +48,7 @@ from common import (Swarm, bench_parser, default_text, final_checkpoint, interru
                     print_table, work_folder, write_json)
 
 from cotrain.averaging.simulation import SimConfig, simulate  # noqa: E402
+from cotrain.checkpoint import load_checkpoint  # noqa: E402
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.evaluation import evaluate_state  # noqa: E402
 from cotrain.footprint import footprint  # noqa: E402
@@ -66,6 +67,7 @@ def make_config(args, nodes: int) -> RunConfig:
         optimizer={"lr": 3e-3, "grad_clip": 1.0},
         averaging={"strategy": "diloco", "inner_steps": args.inner_steps, "target_group_size": args.group,
                    "group_formation": args.formation, "board_shards": shards_for(args, nodes),
+                   "state_averaging": args.state_averaging,
                    "progress_interval": args.progress_interval, "matchmaking_time": 3.0, "request_timeout": 2.0,
                    "round_wait": 10.0, "allreduce_timeout": 60.0},
         compression={"kind": "none"},
@@ -130,8 +132,12 @@ def one_run(args, nodes: int) -> dict:
             raise RuntimeError(f"exit codes {codes} (logs in {tmp}; --keep keeps them)")
         final = final_checkpoint(tmp, names)
         metrics = evaluate_state(cfg, final.model_state(), max_bytes=args.eval_bytes)
+        lasts = [load_checkpoint(tmp / name / "last.safetensors").metadata for name in names]
+        resyncs = sum(int(m.get("resyncs", 0)) for m in lasts)
+        states_averaged = sum(int(m.get("states_averaged", 0)) for m in lasts)
     round_s = statistics.median(per_round) if per_round else float("nan")
     return dict(nodes=nodes, group=args.group, formation=args.formation, board_shards=cfg.averaging.board_shards,
+                state_averaging=args.state_averaging, resyncs=resyncs, states_averaged=states_averaged,
                 round_s=round_s,
                 rounds_per_min=60.0 / round_s if per_round else 0.0, step_s=per_step, partial_rounds=partial, rounds_completed=completed,
                 partial_fraction=partial / max(1, completed),
@@ -148,7 +154,8 @@ def virtual_runs(args) -> None:
     for peers in args.virtual:
         for shards in sorted({1, shards_for(args, peers)}):
             cfg = SimConfig(peers=peers, shards=shards, group=args.group, inner_steps=args.inner_steps,
-                            progress_interval=args.progress_interval, duration_s=args.virtual_seconds)
+                            progress_interval=args.progress_interval, duration_s=args.virtual_seconds,
+                            state_averaging=args.state_averaging)
             started = time.monotonic()
             result = simulate(cfg)
             row = dict(vars(result), sim_wall_s=time.monotonic() - started, group=args.group,
@@ -179,6 +186,8 @@ def main() -> None:
     parser.add_argument("--shards", default=None,
                         help='averaging.board_shards: a count, or "auto" (nodes / (2 x group), at least 1); default 1, '
                              'and "auto" with --virtual (which runs one key too, side by side)')
+    parser.add_argument("--state-averaging", action="store_true",
+                        help="averaging.state_averaging: groups whose members' states differ average them")
     parser.add_argument("--progress-interval", type=float, default=1.0)
     parser.add_argument("--heartbeat-interval", type=float, default=2.0)
     parser.add_argument("--eval-bytes", type=int, default=65536, help="validation bytes the final model is scored on")
@@ -211,12 +220,13 @@ def main() -> None:
         print("interrupted: the runs so far", file=sys.stderr)
     print_table(f"A swarm on this machine, groups of {args.group} formed by {args.formation}, {args.samples} samples a "
                 "run",
-                ["nodes", "shards", "round s", "rounds/min", "step s", "partial", "PSS MB", "RSS MB", "processes",
-                 "coord CPU", "heartbeat p99 ms", "val loss"],
+                ["nodes", "shards", "round s", "rounds/min", "step s", "partial", "resyncs", "states averaged",
+                 "PSS MB", "RSS MB", "processes", "coord CPU", "heartbeat p99 ms", "val loss"],
                 [[r["nodes"], r["board_shards"], r["round_s"], r["rounds_per_min"], r["step_s"],
-                  f"{r['partial_rounds']}/{r['rounds_completed']}", r["pss_mb_per_node"], r["rss_mb_per_node"],
+                  f"{r['partial_rounds']}/{r['rounds_completed']}", r["resyncs"], r["states_averaged"],
+                  r["pss_mb_per_node"], r["rss_mb_per_node"],
                   r["processes_per_node"], r["coordinator_cpu"], r["heartbeat_p99_ms"], r["val_loss"]]
-                 if "error" not in r else [r["nodes"], "", "did not run: " + r["error"][:60]] + [""] * 9 for r in runs])
+                 if "error" not in r else [r["nodes"], "", "did not run: " + r["error"][:60]] + [""] * 11 for r in runs])
     write_json(args.json, {"runs": runs, "group": args.group, "formation": args.formation, "shards": args.shards,
                            "samples": args.samples, "hidden": args.hidden, "inner_steps": args.inner_steps})
 

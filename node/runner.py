@@ -433,7 +433,8 @@ class Node:
         metadata, tensors = a.get_state()
         names = [n for n, _ in a.model.named_parameters()]
         save_checkpoint(self.options.state_dir / "last.safetensors", named_state(names, tensors),
-                        dict(metadata, config_toml=cfg.to_toml(), rounds=a.stats.history, time=time.time()))
+                        dict(metadata, config_toml=cfg.to_toml(), rounds=a.stats.history, time=time.time(),
+                                       states_averaged=a.stats.states_averaged, resyncs=a.stats.resyncs))
 
     def _write_status(self) -> None:
         """``STATE_DIR/status.json``: what the heartbeat reports (round, rounds completed, bytes, ...) and when, kept

@@ -154,12 +154,16 @@ def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, cor
         assert all(s["groups_from_board"] == 0 and s["groups_matchmade"] >= 1 for s in statuses), statuses
 
 
-def test_four_nodes_on_a_sharded_board_average_in_groups_of_their_shard(tmp_path, corpus_file):
+@pytest.mark.parametrize("state_averaging", [False, True], ids=["states_by_majority", "states_averaged"])
+def test_four_nodes_on_a_sharded_board_average_in_groups_of_their_shard(tmp_path, corpus_file, state_averaging):
     """board_shards = 2: each node reads and publishes only its shard of its round (about half the swarm), groups of
     two form within a shard, and the shards are dealt afresh every round. A shard of one (likely with 4 nodes in 2
-    shards) waits round_wait for shardmates, then averages alone and resyncs with the others later."""
+    shards) waits round_wait for shardmates, then averages alone. Groups of a round apply different averages: a
+    later group whose members' states differ takes its majority's (the others download it), or, with
+    state_averaging, averages the states."""
     cfg = tiny_config(corpus_file, averaging={"group_formation": "board_only", "board_shards": 2,
-                                              "target_group_size": 2, "round_wait": 3.0})
+                                              "target_group_size": 2, "round_wait": 3.0,
+                                              "state_averaging": state_averaging})
     coordinator = RunningCoordinator(tmp_path, cfg)
     try:
         health, finals = train_together(coordinator, tmp_path, 4, rounds=4)
@@ -171,6 +175,11 @@ def test_four_nodes_on_a_sharded_board_average_in_groups_of_their_shard(tmp_path
     assert all(s["groups_from_board"] >= 1 and s["groups_matchmade"] == 0 for s in statuses), statuses
     sizes = [size for f in finals for _, size in f.metadata["rounds"]]
     assert sizes and max(sizes) <= 3 and sum(size >= 2 for size in sizes) >= len(sizes) // 2, sizes
+    averaged = [f.metadata["states_averaged"] for f in finals]
+    if state_averaging:  # groups of two out of four, dealt afresh: some met holding different states
+        assert sum(averaged) >= 1, averaged
+    else:
+        assert sum(averaged) == 0, averaged
     assert_learned(coordinator.cfg, finals[0].model_state())
 
 

@@ -252,6 +252,13 @@ class AveragingConfig(_Section):
     #: its shard of its round (about N/S records, whatever N), groups form within a shard, and the shards are dealt
     #: afresh every round. Pick S near N / (2 x target_group_size); every node of a run must use the same S.
     board_shards: int = Field(1, ge=1, le=1024)
+    #: with groups smaller than the swarm (target_group_size, board_shards) the groups of a round apply different
+    #: averages, and their states meet again only in a later group, where the majority's state hash wins and the
+    #: others download it. With state_averaging a group whose members' states differ also averages the states
+    #: themselves (the global parameters and the outer optimizer's state, losslessly; Moshpit SGD, Ryabinin et al.
+    #: 2021), so that they converge from round to round instead: about twice the model more on the wire, in those
+    #: rounds only (a group that holds one state sends nothing more)
+    state_averaging: bool = False
 
     @model_validator(mode="after")
     def _timeouts(self) -> "AveragingConfig":

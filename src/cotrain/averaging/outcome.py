@@ -35,6 +35,9 @@ class RoundResult:
     #: round's peers may have gone on without us: then the read shows them ahead and we take their state), not
     #: after matchmaking's pause
     reread: bool = False
+    #: APPLY with averaging.state_averaging: the group's average of the members' shared states, shaped like
+    #: ``RoundAverager._all_shared()``, taken before the round's average is applied (None: the states were one)
+    state: Optional[list] = None
 
 
 def round_outcome(me: str, my_hash: str, info: Mapping[str, Mapping], complete: bool,

@@ -35,7 +35,7 @@ from hivemind.p2p import PeerID
 from cotrain.averaging.admission import Admission
 from cotrain.averaging.attacks import make_attack
 from cotrain.averaging.allgather import sparse_allgather
-from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag
+from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag, weighted_mean
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.groups import Meeting, group_key, group_of, hold_meeting, plan_groups
 from cotrain.averaging.outcome import Kind, RoundResult, members_of, others_samples, round_outcome
@@ -45,7 +45,7 @@ from cotrain.averaging.progress import (Action, Decision, PeerProgress, Progress
                                         round_decision, round_peers)
 from cotrain.averaging.state import STATE_KEY, Progress, download_state, pick_donors
 from cotrain.checkpoint import Checkpoint, encode_checkpoint, named_state, shared_tensors_of
-from cotrain.compression import PowerSGD, SparseLowBit, make_codec
+from cotrain.compression import NoCompression, PowerSGD, SparseLowBit, make_codec
 from cotrain.config import AveragingConfig, CompressionConfig
 from cotrain.outage import Outage
 
@@ -106,6 +106,10 @@ class RoundStats:
     allreduce_s: float = 0.0
     last_reason: str = ""  # what the last round decision was, or why the last round failed (in the node's log line)
     history: list = field(default_factory=list)  # (round, group size): kept in the node's last checkpoint
+    #: rounds whose group also averaged its members' differing states (averaging.state_averaging), and downloads
+    #: of the shared state (a peer ahead, or a group whose majority held another state)
+    states_averaged: int = 0
+    resyncs: int = 0
     #: peers whose contributions this peer dropped as reducer (non-finite values, malformed), with the reason
     flagged: dict = field(default_factory=dict)
 
@@ -189,8 +193,8 @@ class RoundAverager(abc.ABC):
         #: minutes, less per node: forked from the node, its pages turn private as it runs; bench/scale.py)
         self.averager = (make_averager(dht, f"{run_id}_avg", cfg, client_mode=client_mode)
                          if cfg.group_formation != "board_only" else None)
-        # a round publishes under up to three tags (its meeting, PowerSGD's two phases): keep two rounds' worth
-        self.exchange = Exchange(dht, f"{run_id}_exchange", admission, keep_tags=6,
+        # a round publishes under up to four tags (its meeting, PowerSGD's two phases, the states): two rounds' worth
+        self.exchange = Exchange(dht, f"{run_id}_exchange", admission, keep_tags=8,
                                  limiter=UploadLimiter(upload_bps) if upload_bps else None)
         self.exchange.provide(STATE_KEY, self.state_bytes)
         self._hash = self._shared_hash()
@@ -475,6 +479,7 @@ class RoundAverager(abc.ABC):
         return members
 
     def _resync(self) -> None:
+        self.stats.resyncs += 1
         if not self.load_state_from_peers():
             self.retry_at = time.time() + self.cfg.matchmaking_time
 
@@ -529,7 +534,8 @@ class RoundAverager(abc.ABC):
                 self.stats.partial_rounds += 1
                 logger.warning("round %d: %s", launch.round, result.reason)
         if result.kind is Kind.APPLY:
-            self._apply_and_advance(result.average, result.group_size, carried=launch if overlapped else None)
+            self._apply_and_advance(result.average, result.group_size, carried=launch if overlapped else None,
+                                    state=result.state)
             self.stats.last_group = sorted(result.group)
             self.stats.rounds_completed += 1
             if result.from_board:
@@ -647,16 +653,34 @@ class RoundAverager(abc.ABC):
         tag = group_tag(f"r{launch.round}", [str(p) for p in group])
         me = next(p for p in group if str(p) == self.peer_id)
         reducers = [info.get(str(p), {}).get("reducer", True) is not False for p in group]
+        info.setdefault(self.peer_id, dict(hash=self._hash, samples=launch.samples))
+        # every member sees the same hashes at the meeting, so all of them average the states, or none
+        differ = len({str(v.get("hash")) for v in info.values()}) > 1
+        state = None
         try:
             average, complete = self._allreduce(launch.contribution, tag, group, me, weight, reducers)
+            if self.cfg.state_averaging and differ:
+                state = self._average_states(f"{tag}-state", group, me, reducers)
         except AllReduceFailed as e:
             return RoundResult(Kind.FAILED, f"all-reduce failed ({e})", meet_s=met - started,
                                allreduce_s=time.monotonic() - met)
-        info.setdefault(self.peer_id, dict(hash=self._hash, samples=launch.samples))
         kind, partial, reason = round_outcome(self.peer_id, self._hash, info, complete, launch.seen)
+        if state is not None and kind is Kind.RESYNC:  # the states were averaged: nothing to download
+            kind, reason = Kind.APPLY, f"averaged with {len(group) - 1} peer(s), and our states"
         return RoundResult(kind, reason, average, len(group), partial, others_samples(self.peer_id, info),
                            members_of(group, self.peer_id), from_board, meet_s=met - started,
-                           allreduce_s=time.monotonic() - met)
+                           allreduce_s=time.monotonic() - met, state=state)
+
+    def _average_states(self, tag: str, group, me, reducers: Sequence[bool]) -> list[torch.Tensor]:
+        """averaging.state_averaging: the group's mean of its members' shared states, losslessly (each member
+        counts once, whatever its samples; the run's robust aggregator holds off a member sending a wrecked one)."""
+        with self._lock:
+            like = [t.detach().cpu().clone() for t in self._all_shared()]
+        flat = torch.cat([t.float().reshape(-1) for t in like])
+        result = butterfly_allreduce(self.exchange, tag, group, me, flat, 1.0, NoCompression(),
+                                     self.cfg.allreduce_timeout, self.aggregator or weighted_mean, reducers)
+        self._flag(result)
+        return _unflatten(result.average, like)
 
     def _allreduce(self, contribution: list[torch.Tensor], tag: str, group, me, weight: float,
                    reducers: Sequence[bool]):
@@ -704,10 +728,14 @@ class RoundAverager(abc.ABC):
                 self.stats.flagged[peer] = why
 
     def _apply_and_advance(self, average: list[torch.Tensor], group_size: int,
-                           carried: Optional[PendingRound] = None) -> None:
+                           carried: Optional[PendingRound] = None, state: Optional[list] = None) -> None:
         """``carried``: with overlap, the round the average is of; the local steps taken since are kept (the round's
-        counters already count them)."""
+        counters already count them). ``state``: the group's average of its members' shared states, taken first."""
         with torch.no_grad(), self._lock:
+            if state is not None:
+                for dst, src in zip(self._all_shared(), state):
+                    dst.copy_(src.to(dst.device, dst.dtype))
+                self.stats.states_averaged += 1
             self.apply(average, carried)
             self.round += 1
         self._hash = self._shared_hash()

@@ -5,7 +5,10 @@ progress and reads its key of the board every ``progress_interval``, and decides
 functions (:func:`~cotrain.averaging.progress.round_decision`, :func:`~cotrain.averaging.progress.round_peers`,
 :func:`~cotrain.averaging.progress.shard_of`, :func:`~cotrain.averaging.groups.plan_groups`). A planned group meets
 when every member planned the same one within ``matchmaking_time``; its all-reduce then takes ``allreduce_s``.
-A shared state is a version id: a group's members leave with one new id, a peer that resyncs takes its donor's.
+A shared state is one number: a group's members leave with the same new one (their majority's state, or with
+``state_averaging`` their states' mean, plus the group's own step: a draw around 1, as groups average different
+contributions), a peer that resyncs takes its donor's, and a peer alone adds its own step. How far apart the
+peers' states end (``state_spread``: their standard deviation, in group steps) says whether the swarm converges.
 
 What the board costs is counted from its operations with a model of hivemind's Kademlia DHT (the constants below):
 a lookup visits about log2(N) peers, each answering with up to ``BUCKET`` contacts; a store goes to ``REPLICAS``
@@ -62,6 +65,7 @@ class SimConfig:
     seed: int = 0
     #: round_decision's ``split`` where the node uses it (False: the rule before it, for comparison)
     split: bool = True
+    state_averaging: bool = False  # averaging.state_averaging
 
 
 @dataclass
@@ -71,7 +75,7 @@ class Peer:
     round: int = 0
     steps: int = 0
     samples: int = 0
-    state: str = "s0"
+    state: float = 0.0
     phase: str = "train"
     mid_round: bool = False
     next_step: float = 0.0
@@ -110,6 +114,7 @@ class SimResult:
     dht_bytes_per_node_min: float  # sent and received by an average peer for the board, per minute
     busiest_node_bytes_min: float  # served by the busiest peer (a replica of a popular key), per minute
     states_at_end: int  # distinct shared states held by the peers at the leading round at the end
+    state_spread: float  # standard deviation of the states of the peers at the leading round, in group steps
     lead_round: int
 
 
@@ -162,7 +167,7 @@ class BoardSim:
         self.records_read += len(p.view)
 
     # ---- a peer's rounds -----------------------------------------------------------------------------------------
-    def _advance(self, p: Peer, now: float, state: str, mid_round: bool = False) -> None:
+    def _advance(self, p: Peer, now: float, state: float, mid_round: bool = False) -> None:
         p.round += 1 if not mid_round else 0
         p.state, p.steps, p.samples, p.phase, p.mid_round = state, 0, 0, "train", mid_round
         p.reached_h_at, p.meeting = None, None
@@ -190,19 +195,19 @@ class BoardSim:
 
     def _settle_meetings(self, now: float) -> None:
         for key, came in list(self.meetings.items()):
-            round_number = key[0]
             any_member = self.by_name[next(iter(came))]
             members = any_member.meeting[2] if any_member.meeting and any_member.meeting[1] == key else list(came)
             if all(m in came for m in members):
                 states = [self.by_name[m].state for m in members]
                 majority = max(set(states), key=lambda s: (states.count(s), s))
-                new_state = hashlib.sha1(f"{majority}|{round_number}|{'|'.join(sorted(members))}".encode()).hexdigest()[:12]
+                base = statistics.fmean(states) if self.cfg.state_averaging else majority
+                new_state = base + self.rng.gauss(1.0, 0.1)
                 for m in members:
                     q = self.by_name[m]
                     self._advance(q, now, new_state)
                     q.last_group = tuple(x for x in members if x != m)
-                    q.busy_until = now + self.cfg.allreduce_s + (self.cfg.resync_s if states[members.index(m)]
-                                                                   != majority else 0.0)
+                    resync = states[members.index(m)] != majority and not self.cfg.state_averaging
+                    q.busy_until = now + self.cfg.allreduce_s + (self.cfg.resync_s if resync else 0.0)
                 self.groups += 1
                 self.group_members += len(members)
                 del self.meetings[key]
@@ -234,7 +239,7 @@ class BoardSim:
             self._resync(p, now)
         elif decision.action is Action.AVERAGE:
             if not live:
-                self._advance(p, now, hashlib.sha1(f"{p.state}|{p.name}".encode()).hexdigest()[:12])
+                self._advance(p, now, p.state + self.rng.gauss(1.0, 0.1))
                 self.alone += 1
             else:
                 self._go_to_meeting(p, now)
@@ -267,7 +272,8 @@ class BoardSim:
             records_per_read=self.records_read / max(1, self.reads),
             dht_bytes_per_node_min=statistics.mean(self.bytes_by_peer.values()) / minutes,
             busiest_node_bytes_min=max(self.served.values()) / minutes,
-            states_at_end=len({p.state for p in self.peers if p.round == lead}), lead_round=lead)
+            states_at_end=len({p.state for p in self.peers if p.round == lead}),
+            state_spread=statistics.pstdev([p.state for p in self.peers if p.round == lead]), lead_round=lead)
 
 
 def simulate(cfg: SimConfig) -> SimResult:

@@ -71,10 +71,9 @@ def make_config(args, nodes: int) -> RunConfig:
                    "progress_interval": args.progress_interval, "matchmaking_time": 3.0, "request_timeout": 2.0,
                    "round_wait": 10.0, "allreduce_timeout": 60.0},
         compression={"kind": "none"},
-        # units of 16 KB: the corpus in some 64 of them, more than the largest swarm, so that no node waits for one
-        # (with the default 128 KB, tinyshakespeare is 9 units and half of 16 nodes waited, paused, for work)
+        # --unit-kb: with the default 128 KB tinyshakespeare is 9 units, and half of 16 nodes waited, paused, for work
         coordinator={"heartbeat_interval_s": args.heartbeat_interval, "lost_after_missed": 30,
-                     "eval_bytes": 32768, "unit_bytes": 16384})
+                     "eval_bytes": 32768, "unit_bytes": args.unit_kb * 1024})
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -189,6 +188,8 @@ def main() -> None:
     parser.add_argument("--state-averaging", action="store_true",
                         help="averaging.state_averaging: groups whose members' states differ average them")
     parser.add_argument("--progress-interval", type=float, default=1.0)
+    parser.add_argument("--unit-kb", type=int, default=128,
+                        help="coordinator.unit_bytes in KB: below corpus / nodes, so that no node waits for work")
     parser.add_argument("--heartbeat-interval", type=float, default=2.0)
     parser.add_argument("--eval-bytes", type=int, default=65536, help="validation bytes the final model is scored on")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take")

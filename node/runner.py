@@ -396,17 +396,23 @@ class Node:
         self._write_status()  # the figures it leaves with
 
     def _next_unit(self) -> Optional[pb.WorkUnit]:
-        """The next work unit, the node shown as paused on the progress board while it waits for one (every unit
-        of the epoch may be held by others): a node that takes no steps must not be planned into a group or waited
-        for. 16 nodes on a small corpus (bench/scale.py) had nodes waiting for a unit for a minute while their
-        planned groupmates met again and again without them."""
-        if self.averaging is None:
+        """The next work unit, the node shown as paused on the progress board while it has to wait for one (every
+        unit of the epoch may be held by others): a node that takes no steps must not be planned into a group or
+        waited for. 16 nodes on a small corpus (bench/scale.py) had nodes waiting for a unit for a minute while
+        their planned groupmates met again and again without them. Only a wait pauses: a record published during
+        a mere exchange of messages would leave the node out of its peers' plans for an interval."""
+        averaging = self.averaging
+        if averaging is None:
             return self.work.next_unit()
-        phase, self.averaging.phase = self.averaging.phase, "paused"
+        phase = averaging.phase
+
+        def pause() -> None:
+            averaging.phase = "paused"
+
         try:
-            return self.work.next_unit()
+            return self.work.next_unit(on_wait=pause)
         finally:
-            self.averaging.phase = phase
+            averaging.phase = phase
 
     def _pause_while_busy(self, idle: "IdleMonitor", status: "TerminalStatus") -> None:
         """--only-when-idle: while the machine is in use, stop training (peers do not wait for a paused node),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import grpc
 
@@ -59,8 +59,9 @@ class WorkQueue:
             self.away_since = None
         return result
 
-    def next_unit(self) -> Optional[pb.WorkUnit]:
-        """The next unit; waits while every unit is taken. None when the coordinator is unreachable or on stop."""
+    def next_unit(self, on_wait: Optional[Callable[[], None]] = None) -> Optional[pb.WorkUnit]:
+        """The next unit; waits while every unit is taken (calling ``on_wait`` first). None when the coordinator is
+        unreachable or on stop."""
         while not self.stop.is_set():
             self.flush()
             try:
@@ -71,6 +72,8 @@ class WorkQueue:
             logger.info("work: %s", response.reason)
             if response.HasField("unit"):
                 return response.unit
+            if on_wait is not None:
+                on_wait()
             self.stop.wait(max(0.5, response.retry_after_s))
         return None
 

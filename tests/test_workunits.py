@@ -204,3 +204,21 @@ def test_work_queue_keeps_reports_while_the_coordinator_is_away_and_does_not_kee
     queue._last_try -= queue.retry_away_s  # time passes
     assert queue.next_unit() is not None
     assert client.reported == [(0, unit.index, 64)] and queue.units_done == 1 and not queue.unsent
+
+
+def test_work_queue_says_when_it_has_to_wait_for_a_unit():
+    """The node shows itself paused on the board only while it waits: a unit granted at once calls nothing."""
+    import threading
+
+    from cotrain.node.work import WorkQueue
+    from cotrain.v1 import coordinator_pb2 as pb
+
+    client = FlakyClient()
+    queue = WorkQueue(client, threading.Event())
+    waits = []
+    assert queue.next_unit(on_wait=lambda: waits.append(1)) is not None and waits == []
+
+    answers = iter([pb.GetWorkResponse(reason="no unit free", retry_after_s=0.01),
+                    pb.GetWorkResponse(unit=pb.WorkUnit(epoch=0, index=7), reason="ok")])
+    client.get_work = lambda give_up_after, stop=None: next(answers)
+    assert queue.next_unit(on_wait=lambda: waits.append(1)).index == 7 and waits == [1]

@@ -22,6 +22,25 @@ def member_board(dht, key_path, coordinator_key, shards=1):
     return board
 
 
+@pytest.fixture
+def members(tmp_path):
+    """-> make(shards=1): two DHT peers on loopback and a member's board on each, stopped after the test."""
+    started = []
+
+    def make(shards: int = 1):
+        a = start_dht(identity_path=str(tmp_path / "a.key"))
+        started.append(a)
+        b = start_dht([str(m) for m in a.get_visible_maddrs()], identity_path=str(tmp_path / "b.key"))
+        started.append(b)
+        coordinator_key = new_private_key()
+        return (a, b, member_board(a, tmp_path / "a.rsa", coordinator_key, shards),
+                member_board(b, tmp_path / "b.rsa", coordinator_key, shards))
+
+    yield make
+    for dht in reversed(started):
+        dht.shutdown()
+
+
 def _read_until(board, predicate, timeout=20.0, shard=0):
     deadline = time.monotonic() + timeout
     while True:
@@ -40,81 +59,65 @@ def test_record_key_is_kept_across_restarts(tmp_path):
 
 
 @pytest.mark.swarm
-def test_progress_records_are_signed_and_validated(tmp_path):
-    a = start_dht(identity_path=str(tmp_path / "a.key"))
-    b = start_dht([str(m) for m in a.get_visible_maddrs()], identity_path=str(tmp_path / "b.key"))
-    try:
-        coordinator_key = new_private_key()
-        board_a = member_board(a, tmp_path / "a.rsa", coordinator_key)
-        board_b = member_board(b, tmp_path / "b.rsa", coordinator_key)
-        alice, bob = str(a.peer_id), str(b.peer_id)
-        board_a.publish(PeerProgress(alice, round=7, steps=3, samples=96))
-        board_b.publish(PeerProgress(bob, round=7, steps=1, samples=32))
-        peers = _read_until(board_b, lambda ps: {p.peer_id for p in ps} == {alice, bob})
-        assert {p.peer_id: p.round for p in peers} == {alice: 7, bob: 7}
+def test_progress_records_are_signed_and_validated(members):
+    a, b, board_a, board_b = members()
+    alice, bob = str(a.peer_id), str(b.peer_id)
+    board_a.publish(PeerProgress(alice, round=7, steps=3, samples=96))
+    board_b.publish(PeerProgress(bob, round=7, steps=1, samples=32))
+    peers = _read_until(board_b, lambda ps: {p.peer_id for p in ps} == {alice, bob})
+    assert {p.peer_id: p.round for p in peers} == {alice: 7, bob: 7}
 
-        forged = dict(round=999, steps=0, samples=0, phase="train", mid_round=False, time=float(get_dht_time()),
-                      reducer=True, cred=board_b.admission.credential())
-        expires = get_dht_time() + 60
-        # bob writes under alice's subkey, even with alice's own credential: unsigned by alice's key, refused
-        assert not b.store(board_a.key, subkey=board_a.subkey(alice), value=dict(forged, cred=board_a.admission.credential()),
-                           expiration_time=expires)
-        assert not b.store(board_a.key, subkey=board_a.subkey(alice), value=forged, expiration_time=expires)
-        # a subkey without an owner's public key: refused by the schema
-        assert not b.store(board_a.key, subkey=alice.encode(), value=forged, expiration_time=expires)
-        # bob's own subkey, but a record of the wrong shape: refused by the schema
-        assert not b.store(board_b.key, subkey=board_b.subkey(bob), value=dict(forged, round=-1),
-                           expiration_time=expires)
-        assert not b.store(board_b.key, subkey=board_b.subkey(bob), value=dict(forged, round="999"),
-                           expiration_time=expires)
-        # bob's own record, right shape: accepted
-        assert b.store(board_b.key, subkey=board_b.subkey(bob), value=dict(forged, round=8), expiration_time=expires)
+    forged = dict(round=999, steps=0, samples=0, phase="train", mid_round=False, time=float(get_dht_time()),
+                  reducer=True, cred=board_b.admission.credential())
+    expires = get_dht_time() + 60
+    # bob writes under alice's subkey, even with alice's own credential: unsigned by alice's key, refused
+    assert not b.store(board_a.key, subkey=board_a.subkey(alice), value=dict(forged, cred=board_a.admission.credential()),
+                       expiration_time=expires)
+    assert not b.store(board_a.key, subkey=board_a.subkey(alice), value=forged, expiration_time=expires)
+    # a subkey without an owner's public key: refused by the schema
+    assert not b.store(board_a.key, subkey=alice.encode(), value=forged, expiration_time=expires)
+    # bob's own subkey, but a record of the wrong shape: refused by the schema
+    assert not b.store(board_b.key, subkey=board_b.subkey(bob), value=dict(forged, round=-1),
+                       expiration_time=expires)
+    assert not b.store(board_b.key, subkey=board_b.subkey(bob), value=dict(forged, round="999"),
+                       expiration_time=expires)
+    # bob's own record, right shape: accepted
+    assert b.store(board_b.key, subkey=board_b.subkey(bob), value=dict(forged, round=8), expiration_time=expires)
 
-        peers = _read_until(board_a, lambda ps: {p.peer_id: p.round for p in ps}.get(bob) == 8)
-        rounds = {p.peer_id: p.round for p in peers}
-        assert rounds == {alice: 7, bob: 8}, rounds
-    finally:
-        b.shutdown()
-        a.shutdown()
+    peers = _read_until(board_a, lambda ps: {p.peer_id: p.round for p in ps}.get(bob) == 8)
+    rounds = {p.peer_id: p.round for p in peers}
+    assert rounds == {alice: 7, bob: 8}, rounds
 
 
 @pytest.mark.swarm
-def test_a_sharded_board_keeps_each_record_in_its_rounds_shard(tmp_path):
-    a = start_dht(identity_path=str(tmp_path / "a.key"))
-    b = start_dht([str(m) for m in a.get_visible_maddrs()], identity_path=str(tmp_path / "b.key"))
-    try:
-        coordinator_key = new_private_key()
-        board_a = member_board(a, tmp_path / "a.rsa", coordinator_key, shards=4)
-        board_b = member_board(b, tmp_path / "b.rsa", coordinator_key, shards=4)
-        alice, bob = str(a.peer_id), str(b.peer_id)
-        # rounds at which the two peers fall in different shards, then one where they share one
-        apart = next(r for r in range(100) if board_a.shard(r, alice) != board_a.shard(r, bob))
-        board_a.publish(PeerProgress(alice, round=apart, steps=3, samples=96))
-        board_b.publish(PeerProgress(bob, round=apart, steps=1, samples=32))
-        everyone = _read_until(board_b, lambda ps: len(ps) == 2, shard=None)
-        assert {p.peer_id for p in everyone} == {alice, bob}
-        # each peer reads only its own shard: the other's record is not in it
-        assert [p.peer_id for p in board_b.read(shard=board_b.shard(apart, bob))] == [bob]
-        assert [p.peer_id for p in board_a.read(shard=board_a.shard(apart, alice))] == [alice]
+def test_a_sharded_board_keeps_each_record_in_its_rounds_shard(members):
+    a, b, board_a, board_b = members(shards=4)
+    alice, bob = str(a.peer_id), str(b.peer_id)
+    # rounds at which the two peers fall in different shards, then one where they share one
+    apart = next(r for r in range(100) if board_a.shard(r, alice) != board_a.shard(r, bob))
+    board_a.publish(PeerProgress(alice, round=apart, steps=3, samples=96))
+    board_b.publish(PeerProgress(bob, round=apart, steps=1, samples=32))
+    everyone = _read_until(board_b, lambda ps: len(ps) == 2, shard=None)
+    assert {p.peer_id for p in everyone} == {alice, bob}
+    # each peer reads only its own shard: the other's record is not in it
+    assert [p.peer_id for p in board_b.read(shard=board_b.shard(apart, bob))] == [bob]
+    assert [p.peer_id for p in board_a.read(shard=board_a.shard(apart, alice))] == [alice]
 
-        together = next(r for r in range(apart + 1, 200) if board_a.shard(r, alice) == board_a.shard(r, bob))
-        board_a.publish(PeerProgress(alice, round=together, steps=0, samples=0))
-        board_b.publish(PeerProgress(bob, round=together, steps=0, samples=0))
-        shared = _read_until(board_a, lambda ps: len(ps) == 2, shard=board_a.shard(together, alice))
-        assert {p.peer_id: p.round for p in shared} == {alice: together, bob: together}
-        # the newest record of each peer wins across shards (the older one waits out its TTL in its old shard)
-        assert {p.peer_id: p.round for p in board_a.read_all()} == {alice: together, bob: together}
+    together = next(r for r in range(apart + 1, 200) if board_a.shard(r, alice) == board_a.shard(r, bob))
+    board_a.publish(PeerProgress(alice, round=together, steps=0, samples=0))
+    board_b.publish(PeerProgress(bob, round=together, steps=0, samples=0))
+    shared = _read_until(board_a, lambda ps: len(ps) == 2, shard=board_a.shard(together, alice))
+    assert {p.peer_id: p.round for p in shared} == {alice: together, bob: together}
+    # the newest record of each peer wins across shards (the older one waits out its TTL in its old shard)
+    assert {p.peer_id: p.round for p in board_a.read_all()} == {alice: together, bob: together}
 
-        # every shard's key is held to the schema and the members' check, not only the first
-        key = board_b.keys[board_b.shard(together, bob)]
-        forged = dict(round=1, steps=0, samples=0, phase="train", mid_round=False, time=float(get_dht_time()),
-                      reducer=True, cred=board_b.admission.credential())
-        expires = get_dht_time() + 60
-        assert not b.store(key, subkey=board_b.subkey(bob), value=dict(forged, round=-1), expiration_time=expires)
-        assert not b.store(key, subkey=board_b.subkey(bob), value=dict(forged, cred=b"not a credential"),
-                           expiration_time=expires)
-        assert not b.store(key, subkey=board_a.subkey(alice), value=forged, expiration_time=expires)
-        assert b.store(key, subkey=board_b.subkey(bob), value=forged, expiration_time=expires)
-    finally:
-        b.shutdown()
-        a.shutdown()
+    # every shard's key is held to the schema and the members' check, not only the first
+    key = board_b.keys[board_b.shard(together, bob)]
+    forged = dict(round=1, steps=0, samples=0, phase="train", mid_round=False, time=float(get_dht_time()),
+                  reducer=True, cred=board_b.admission.credential())
+    expires = get_dht_time() + 60
+    assert not b.store(key, subkey=board_b.subkey(bob), value=dict(forged, round=-1), expiration_time=expires)
+    assert not b.store(key, subkey=board_b.subkey(bob), value=dict(forged, cred=b"not a credential"),
+                       expiration_time=expires)
+    assert not b.store(key, subkey=board_a.subkey(alice), value=forged, expiration_time=expires)
+    assert b.store(key, subkey=board_b.subkey(bob), value=forged, expiration_time=expires)

@@ -100,6 +100,12 @@ def shard_key(run_id: str, shard: int) -> str:
     return f"{run_id}_progress" if shard == 0 else f"{run_id}_progress_{shard}"
 
 
+def groups_split(sharded: bool, target_group_size: int, live_count: int) -> bool:
+    """Whether a round's peers average in several groups (round_decision's ``split``): the board is sharded, or it
+    shows more live peers (``live_count``, ourselves out) than ``target_group_size`` (0: one group)."""
+    return sharded or (target_group_size > 0 and live_count + 1 > target_group_size)
+
+
 def live_peers(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules) -> list[PeerProgress]:
     return [p for p in peers if p.peer_id != me.peer_id and now - p.time <= rules.stale_after and p.phase != "left"]
 

@@ -41,8 +41,8 @@ from cotrain.averaging.groups import Meeting, group_key, group_of, hold_meeting,
 from cotrain.averaging.outcome import Kind, RoundResult, members_of, others_samples, round_outcome
 from cotrain.averaging.overlap import PendingRound
 from cotrain.averaging.robust import build_aggregator
-from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, live_peers,
-                                        round_decision, round_peers)
+from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, groups_split,
+                                        live_peers, round_decision, round_peers)
 from cotrain.averaging.state import STATE_KEY, Progress, download_state, pick_donors
 from cotrain.checkpoint import Checkpoint, encode_checkpoint, named_state, shared_tensors_of
 from cotrain.compression import NoCompression, PowerSGD, SparseLowBit, make_codec
@@ -450,8 +450,8 @@ class RoundAverager(abc.ABC):
     def _split(self, now: float) -> bool:
         """The round's peers average in several groups: the board is sharded, or it shows more live peers than
         ``target_group_size`` (see round_decision's ``split``)."""
-        size = self.cfg.target_group_size
-        return self.sharded or (size > 0 and len(live_peers(now, self.progress(), self._peers, self.rules)) + 1 > size)
+        return groups_split(self.sharded, self.cfg.target_group_size,
+                            len(live_peers(now, self.progress(), self._peers, self.rules)))
 
     def _peers_behind(self, now: float) -> bool:
         """A live peer the board shows at an earlier round (a node that just joined or came back, resynchronising):

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from cotrain.averaging.groups import group_key, group_of, plan_groups
-from cotrain.averaging.progress import Action, PeerProgress, RoundRules, live_peers, round_decision, round_peers, \
-    shard_of
+from cotrain.averaging.progress import (Action, PeerProgress, RoundRules, groups_split, live_peers, round_decision,
+                                        round_peers, shard_of)
 
 #: a progress record on the wire: the signed msgpack of the record (with its ~550-byte credential) and its subkey
 #: (peer id and RSA owner key), as measured from the board's own encoding
@@ -63,8 +63,6 @@ class SimConfig:
     duration_s: float = 120.0
     tick_s: float = 0.05
     seed: int = 0
-    #: round_decision's ``split`` where the node uses it (False: the rule before it, for comparison)
-    split: bool = True
     state_averaging: bool = False  # averaging.state_averaging
 
 
@@ -232,9 +230,9 @@ class BoardSim:
             return
         board_now = p.read_at
         live = live_peers(board_now, p.progress(board_now), p.view, self.rules)
-        split = len(self.shards) > 1 or (self.cfg.group > 0 and len(live) + 1 > self.cfg.group)  # as the node's
+        sharded = len(self.shards) > 1
         decision = round_decision(board_now, p.progress(board_now), p.view, self.rules, p.reached_h_at,
-                                  alone_waits=len(self.shards) > 1, split=split and self.cfg.split)
+                                  alone_waits=sharded, split=groups_split(sharded, self.cfg.group, len(live)))
         if decision.action is Action.RESYNC:
             self._resync(p, now)
         elif decision.action is Action.AVERAGE:

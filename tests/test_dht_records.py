@@ -41,6 +41,14 @@ def members(tmp_path):
         dht.shutdown()
 
 
+def _stored(board, progress, timeout=30.0):
+    """Publish until a DHT peer kept the record (a store on a loaded machine can time out)."""
+    deadline = time.monotonic() + timeout
+    while not board.publish(progress).result(timeout=timeout):
+        assert time.monotonic() < deadline, f"no DHT peer stored {progress}"
+        time.sleep(0.2)
+
+
 def _read_until(board, predicate, timeout=20.0, shard=0):
     deadline = time.monotonic() + timeout
     while True:
@@ -95,8 +103,8 @@ def test_a_sharded_board_keeps_each_record_in_its_rounds_shard(members):
     alice, bob = str(a.peer_id), str(b.peer_id)
     # rounds at which the two peers fall in different shards, then one where they share one
     apart = next(r for r in range(100) if board_a.shard(r, alice) != board_a.shard(r, bob))
-    board_a.publish(PeerProgress(alice, round=apart, steps=3, samples=96))
-    board_b.publish(PeerProgress(bob, round=apart, steps=1, samples=32))
+    _stored(board_a, PeerProgress(alice, round=apart, steps=3, samples=96))
+    _stored(board_b, PeerProgress(bob, round=apart, steps=1, samples=32))
     everyone = _read_until(board_b, lambda ps: len(ps) == 2, shard=None)
     assert {p.peer_id for p in everyone} == {alice, bob}
     # each peer reads only its own shard: the other's record is not in it
@@ -104,8 +112,8 @@ def test_a_sharded_board_keeps_each_record_in_its_rounds_shard(members):
     assert [p.peer_id for p in board_a.read(shard=board_a.shard(apart, alice))] == [alice]
 
     together = next(r for r in range(apart + 1, 200) if board_a.shard(r, alice) == board_a.shard(r, bob))
-    board_a.publish(PeerProgress(alice, round=together, steps=0, samples=0))
-    board_b.publish(PeerProgress(bob, round=together, steps=0, samples=0))
+    _stored(board_a, PeerProgress(alice, round=together, steps=0, samples=0))
+    _stored(board_b, PeerProgress(bob, round=together, steps=0, samples=0))
     shared = _read_until(board_a, lambda ps: len(ps) == 2, shard=board_a.shard(together, alice))
     assert {p.peer_id: p.round for p in shared} == {alice: together, bob: together}
     # the newest record of each peer wins across shards (the older one waits out its TTL in its old shard)

@@ -175,11 +175,10 @@ def test_four_nodes_on_a_sharded_board_average_in_groups_of_their_shard(tmp_path
     assert all(s["groups_from_board"] >= 1 and s["groups_matchmade"] == 0 for s in statuses), statuses
     sizes = [size for f in finals for _, size in f.metadata["rounds"]]
     assert sizes and max(sizes) <= 3 and sum(size >= 2 for size in sizes) >= len(sizes) // 2, sizes
-    averaged = [f.metadata["states_averaged"] for f in finals]
-    if state_averaging:  # groups of two out of four, dealt afresh: some met holding different states
-        assert sum(averaged) >= 1, averaged
-    else:
-        assert sum(averaged) == 0, averaged
+    # with state_averaging a group averages states only when it met holding two, which 4 rounds need not bring
+    # about; without it, never
+    if not state_averaging:
+        assert sum(f.metadata["states_averaged"] for f in finals) == 0
     assert_learned(coordinator.cfg, finals[0].model_state())
 
 

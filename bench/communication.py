@@ -199,6 +199,8 @@ def main() -> int:
     parser.add_argument("--also", nargs="*", default=["150:int8", "150:int4"], metavar="H:CODEC",
                         help="runs beyond the grid (default: the ones that aim at 1000x fewer bytes)")
     parser.add_argument("--json", default=None, help="write the figures to this file")
+    parser.add_argument("--overlap", action="store_true",
+                        help="the DiLoCo rows of the short grid with averaging.overlap (the baseline stays plain sync)")
     parser.add_argument("--sparse-chunk", type=int, default=4096)
     parser.add_argument("--sparse-topk", type=int, default=64)
     parser.add_argument("--sparse-bits", type=int, default=2)
@@ -237,12 +239,12 @@ def main() -> int:
     base = one_run(args, "sync", 1, "none")
     runs = []
     for inner_steps, compression in grid:
-        row = one_run(args, "diloco", inner_steps, compression)
+        row = one_run(args, "diloco", inner_steps, compression, overlap=args.overlap)
         row["bytes_ratio"] = base["bytes_per_node"] / max(1.0, row["bytes_per_node"])
         runs.append(row)
     rows = [["sync (baseline)", 1, "none", base["bytes_per_node"], base["val_loss"], 1.0,
              base["compute_utilization"], base["wall_s"], 1.0]]
-    rows += [[r["strategy"], r["H"], r["compression"], r["bytes_per_node"], r["val_loss"],
+    rows += [[r["strategy"] + (" overlap" if r["overlap"] else ""), r["H"], r["compression"], r["bytes_per_node"], r["val_loss"],
               r["val_loss"] / base["val_loss"], r["compute_utilization"], r["wall_s"], r["bytes_ratio"]] for r in runs]
     print_table(f"communication: {args.nodes} nodes, LSTM {args.layers}x{args.hidden}, {args.samples} sequences",
                 ["strategy", "H", "compression", "bytes/node", "val loss", "loss vs base", "compute util", "wall s",
@@ -253,7 +255,7 @@ def main() -> int:
     write_json(args.json, {"baseline": {k: base[k] for k in ("bytes_per_node", "val_loss", "wall_s",
                                                              "compute_utilization")},
                            "runs": [{k: r[k] for k in ("strategy", "H", "compression", "bytes_per_node", "val_loss",
-                                                        "wall_s", "compute_utilization", "bytes_ratio")}
+                                                        "wall_s", "compute_utilization", "bytes_ratio", "overlap")}
                                     for r in runs]})
     return 0
 

@@ -1,7 +1,7 @@
 """What a user would run instead of cotrain, side by side with it: the same model, data, budget and cores.
 
     python bench/peers.py [--runs single ddp ...] [--samples 24000] [--eval-every 50] [--target-val-bpc X]
-                          [--json FILE]
+                          [--worker-batch 32] [--H 50] [--overlap] [--json FILE]
 
 One row after another on this machine (``../shared/BASELINES.md``'s setup at its side-by-side budget):
 
@@ -17,6 +17,11 @@ One row after another on this machine (``../shared/BASELINES.md``'s setup at its
   step and fp16 compression as the hivemind DiLoCo row;
 - ``cotrain_sync``: the same swarm with ``averaging.strategy = "sync"``, one micro-batch per round (data-parallel
   training: the collaborative batch 96 of ``hivemind.Optimizer``), fp16 gradients.
+
+``--worker-batch 11`` makes every 3-worker row split the single process's batch of 32 (11 sequences a worker, 33
+in all: DDP's global batch, hivemind.Optimizer's target batch and cotrain's alike), so that each worker takes as
+many steps as the single process, as data-parallel training keeps the global batch; ``--overlap`` runs the cotrain
+rows with ``averaging.overlap``.
 
 Common to every row: tinyshakespeare (``--data``), first 90% train / last 10% validation; cotrain's byte-level char
 LSTM (embedding 64, 2 layers x 256, dropout 0.1, 256-value byte vocabulary with the output bias started from the
@@ -102,13 +107,14 @@ MATCHMAKING_S, REQUEST_TIMEOUT_S = 3.0, 2.0
 
 # ---- the run config every row trains -------------------------------------------------------------------------------
 def run_config(data: str, decay_steps: int, inner_steps: int = 1, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-               strategy: str = "diloco", checkpoint_interval_s: float = 2.0) -> RunConfig:
-    """bench/quality.py's model, data and optimizer (batch 32 a worker), cosine over ``decay_steps`` optimizer steps;
-    for the cotrain rows the averaging, fp16 compression, and a coordinator that keeps a checkpoint of every round it
-    sees (no evaluation of its own: the bench evaluates them afterwards)."""
-    cfg = lm_config(data, BATCH, decay_steps, inner_steps, outer_lr, outer_momentum)
+               strategy: str = "diloco", checkpoint_interval_s: float = 2.0, batch: int = BATCH,
+               overlap: bool = False) -> RunConfig:
+    """bench/quality.py's model, data and optimizer (``batch`` sequences a worker), cosine over ``decay_steps``
+    optimizer steps; for the cotrain rows the averaging, fp16 compression, and a coordinator that keeps a checkpoint
+    of every round it sees (no evaluation of its own: the bench evaluates them afterwards)."""
+    cfg = lm_config(data, batch, decay_steps, inner_steps, outer_lr, outer_momentum)
     return cfg.with_overrides(
-        averaging={"strategy": strategy, "inner_steps": inner_steps, "outer_lr": outer_lr,
+        averaging={"strategy": strategy, "inner_steps": inner_steps, "outer_lr": outer_lr, "overlap": overlap,
                    "outer_momentum": outer_momentum, "aggregation": "mean", "target_group_size": WORKERS,
                    "matchmaking_time": MATCHMAKING_S, "request_timeout": REQUEST_TIMEOUT_S,
                    "round_wait": 0.0 if strategy == "sync" else 30.0},
@@ -315,7 +321,8 @@ class Setup:
         self.timeout = args.row_timeout_s
         self.single_threads = threads
         self.single_steps = args.samples // BATCH
-        self.steps = args.samples // (BATCH * WORKERS)  # per worker of the 3-worker rows
+        self.worker_batch, self.overlap = args.worker_batch, args.overlap
+        self.steps = args.samples // (self.worker_batch * WORKERS)  # per worker of the 3-worker rows
         self.h = min(self.H, self.steps)  # a short smoke run has fewer steps than H
         self.rounds = self.steps // self.h
         self.diloco_steps = self.rounds * self.h
@@ -396,7 +403,7 @@ def run_single(setup: Setup, folder: Path) -> dict:
 def run_ddp(setup: Setup, folder: Path) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "run.toml"
-    config.write_text(run_config(setup.data, setup.steps).to_toml())
+    config.write_text(run_config(setup.data, setup.steps, batch=setup.worker_batch).to_toml())
     master = f"127.0.0.1:{free_port()}"
     row = run_workers("ddp", setup, folder, lambda r: worker_argv(
         HERE / "peers.py", config, r, WORKERS, setup.steps, setup, folder, 1,
@@ -409,12 +416,12 @@ def run_hivemind(mode: str, setup: Setup, folder: Path) -> dict:
     config = folder / "run.toml"
     diloco = mode == "diloco"
     steps = setup.diloco_steps if diloco else setup.steps
-    config.write_text(run_config(setup.data, steps).to_toml())
+    config.write_text(run_config(setup.data, steps, batch=setup.worker_batch).to_toml())
     extra = ["--mode", mode, "--matchmaking-time", str(MATCHMAKING_S), "--request-timeout", str(REQUEST_TIMEOUT_S)]
     if diloco:
         extra += ["--H", str(setup.h), "--outer-lr", str(setup.outer_lr), "--outer-momentum", str(setup.outer_momentum)]
     else:
-        extra += ["--target-batch-size", str(BATCH * WORKERS)]
+        extra += ["--target-batch-size", str(setup.worker_batch * WORKERS)]
     row = run_workers(f"hivemind_{mode}", setup, folder, lambda r: worker_argv(
         HERE / "hivemind_peer.py", config, r, WORKERS, steps, setup, folder, 1, extra), WORKERS)
     return dict(row, workers_n=WORKERS, bytes_how="measured (AveragingData msgs)")
@@ -433,7 +440,8 @@ def run_cotrain(strategy: str, setup: Setup, folder: Path) -> dict:
     # sync: the schedule follows the round (one step each); a checkpoint download holds parameters and AdamW's
     # state, and sync has a new round every step: a check every 5 s rather than 2 keeps their cost down
     cfg = run_config(setup.data, rounds if not diloco else steps, h, setup.outer_lr, setup.outer_momentum,
-                     strategy, checkpoint_interval_s=2.0 if diloco else 5.0)
+                     strategy, checkpoint_interval_s=2.0 if diloco else 5.0, batch=setup.worker_batch,
+                     overlap=setup.overlap)
     names = [f"node-{i}" for i in range(WORKERS)]
     folder.mkdir(parents=True, exist_ok=True)
     with Swarm(cfg, folder, nodes=WORKERS) as swarm:
@@ -547,6 +555,11 @@ def main() -> int:
                         help="time-to-target threshold (default: the single row's final BPC x 1.02; required "
                              "without the single row)")
     parser.add_argument("--H", type=int, default=50, help="DiLoCo rows: local steps per round")
+    parser.add_argument("--worker-batch", type=int, default=BATCH,
+                        help="sequences a step for each worker of the 3-worker rows (11: they split the single "
+                             "process's batch of 32 and take as many steps as it does)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="cotrain rows: averaging.overlap (rounds averaged while the next round's steps run)")
     parser.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo rows: outer Nesterov lr")
     parser.add_argument("--outer-momentum", type=float, default=0.9, help="DiLoCo rows: outer Nesterov momentum")
     parser.add_argument("--single-threads", type=int, default=0,
@@ -560,8 +573,9 @@ def main() -> int:
     runs = [r for r in ROWS if r in args.runs]
     if args.target_val_bpc is None and "single" not in runs:
         parser.error("--target-val-bpc is required when the single row does not run")
-    if args.samples < BATCH * WORKERS or args.eval_every < 1 or args.H < 1:
-        parser.error(f"--samples must be at least {BATCH * WORKERS}; --eval-every and --H at least 1")
+    if args.worker_batch < 1 or args.samples < args.worker_batch * WORKERS or args.eval_every < 1 or args.H < 1:
+        parser.error(f"--samples must be at least {args.worker_batch * WORKERS}; --worker-batch, --eval-every and "
+                     "--H at least 1")
     data = args.data or default_text()
 
     from cotrain.cli.launch import machine_cpus
@@ -571,9 +585,9 @@ def main() -> int:
 
     torch.set_num_threads(1)  # this process only evaluates, between the rows: one thread is steady on a busy machine
     setup = Setup(args, data, args.single_threads or machine_cpus())
-    print(f"{len(runs)} row(s), {args.samples} sequences of 128 bytes each: single {setup.single_steps} steps with "
-          f"{setup.single_threads} thread(s); 3 workers x {setup.steps} steps (DiLoCo: {setup.rounds} rounds of "
-          f"H={setup.h}) with 1 thread each", flush=True)
+    print(f"{len(runs)} row(s), {args.samples} sequences of 128 bytes each: single {setup.single_steps} steps of "
+          f"{BATCH} with {setup.single_threads} thread(s); 3 workers x {setup.steps} steps of {setup.worker_batch} "
+          f"(DiLoCo: {setup.rounds} rounds of H={setup.h}) with 1 thread each", flush=True)
     eval_cfg = run_config(data, 1)
     corpus = Corpus.from_source(data, eval_cfg.data.max_bytes, eval_cfg.data.val_fraction)
     results: dict[str, dict] = {}
@@ -628,7 +642,8 @@ def main() -> int:
     write_json(args.json, {"target_val_bpc": None if math.isnan(target) else target, "runs": out_runs,
                            "setup": dict(samples=args.samples, eval_every=args.eval_every, H=setup.h,
                                          outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
-                                         workers=WORKERS, batch_per_worker=BATCH, seq_len=128,
+                                         workers=WORKERS, batch_per_worker=setup.worker_batch,
+                                         single_batch=BATCH, overlap=setup.overlap, seq_len=128,
                                          single_threads=setup.single_threads, data=data,
                                          vocabulary="bytes (256)")})
     if interrupted:

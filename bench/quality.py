@@ -16,7 +16,11 @@ tinyshakespeare, TBPTT 128, AdamW 3e-3 cosine to 3e-4, clip 1, 72,000 sequences 
   model and initial output bias (what the reference would reach with that one change).
 - swarm: 3 real nodes (one torch thread each, sharing this machine's cores: no speed-up is possible here) that split
   the batch of 32 as data-parallel training does (11 sequences each, 33 in all), so that they take as many steps
-  as the single node for the same samples, and average every H steps (DiLoCo, outer lr 1.0 momentum 0.5).
+  as the single node for the same samples, and average every H steps (DiLoCo, outer lr 1.0 momentum 0.5); by
+  default twice, without and with ``averaging.overlap`` (``--overlap off|on|both``). A swarm's nodes stop at their
+  last round, which can come a few steps short of the single node's samples, so the table also gives the wall time
+  per sample against the single node's (the comparison at equal samples), and the JSON each swarm's compute
+  utilization (the nodes' compute_s / wall_s).
 
 Why split the batch: at this budget the loss depends on the number of sequential steps more than on the batch.
 Nodes that each keep batches of 32 take a third of the steps; measured in-process (3 replicas, ideal averaging),
@@ -164,9 +168,11 @@ def run_lm(data: str, nodes: int, total_sequences: int, inner_steps: int, outer_
     # while it waits for slower peers, so --max-rounds alone let the swarm take 1.42x the samples
     run = run_swarm(cfg, nodes, ["--max-rounds", str(rounds), "--max-steps", str(rounds * inner_steps),
                                  *(["--threads", "0"] if nodes == 1 else [])])
+    util = [n["compute_s"] / n["wall_s"] for n in run.nodes if n.get("wall_s", 0) > 0]
     return dict(nodes=nodes, val_bpc=run.metrics["val_bpc"], val_loss=run.metrics["val_loss"], wall_s=run.wall_s,
                 samples=run.samples, rounds=rounds, inner_steps=inner_steps, batch_size=per_node,
-                bytes_sent_per_node=run.bytes_sent_per_node)
+                bytes_sent_per_node=run.bytes_sent_per_node,
+                compute_utilization=sum(util) / len(util) if util else None)
 
 
 def run_world_model(nodes: int, rounds: int, env_id: str) -> dict:
@@ -198,6 +204,8 @@ def main() -> int:
     parser.add_argument("--inner-steps", type=int, default=10, help="DiLoCo H of the swarm")
     parser.add_argument("--outer-lr", type=float, default=1.0, help="the swarm's outer learning rate")
     parser.add_argument("--outer-momentum", type=float, default=0.5, help="the swarm's outer Nesterov momentum")
+    parser.add_argument("--overlap", choices=("off", "on", "both"), default="both",
+                        help="the swarm with averaging.overlap off, on, or both (two swarm rows)")
     parser.add_argument("--skip-plain", action="store_true", help="no plain PyTorch loop at the same samples")
     parser.add_argument("--skip-reference", action="store_true",
                         help="no 2x384 reference LSTM (the issue's: 2.07 BPC in 10 minutes) for the single node's "
@@ -224,15 +232,25 @@ def main() -> int:
                     k: ref[k] for k in ("val_bpc", "wall_s", "samples")}
                 rows.append([f"reference LSTM 2x384 ({label}), same wall time", 1, 32, ref["samples"],
                              ref["val_bpc"], ref["wall_s"]])
-        swarm = run_lm(data, args.nodes, args.samples, args.inner_steps, args.outer_lr, args.outer_momentum)
         out["single"] = {k: single[k] for k in ("val_bpc", "wall_s", "samples")}
-        out["swarm"] = {k: swarm[k] for k in ("nodes", "val_bpc", "wall_s", "samples", "batch_size", "inner_steps")}
-        rows += [["single node", 1, single["batch_size"], single["samples"], single["val_bpc"], single["wall_s"]],
-                 [f"swarm (DiLoCo H={swarm['inner_steps']})", swarm["nodes"], swarm["batch_size"], swarm["samples"],
-                  swarm["val_bpc"], swarm["wall_s"]]]
+        rows.append(["single node", 1, single["batch_size"], single["samples"], single["val_bpc"], single["wall_s"]])
+        for overlap in {"off": (False,), "on": (True,), "both": (False, True)}[args.overlap]:
+            swarm = run_lm(data, args.nodes, args.samples, args.inner_steps, args.outer_lr, args.outer_momentum,
+                           overrides={"averaging": {"overlap": overlap}})
+            out["swarm_overlap" if overlap else "swarm"] = dict(
+                {k: swarm[k] for k in ("nodes", "val_bpc", "wall_s", "samples", "batch_size", "inner_steps",
+                                       "compute_utilization")},
+                wall_vs_single=swarm["wall_s"] / single["wall_s"],
+                wall_per_sample_vs_single=(swarm["wall_s"] / swarm["samples"]) / (single["wall_s"] / single["samples"]))
+            rows.append([f"swarm (DiLoCo H={swarm['inner_steps']}{', overlap' if overlap else ''})", swarm["nodes"],
+                         swarm["batch_size"], swarm["samples"], swarm["val_bpc"], swarm["wall_s"]])
+        # a swarm's nodes stop at their last round, which can come a few steps short of the single node's samples:
+        # the time per sample is the comparison at equal samples
         print_table("language model (char LSTM 2x256, tinyshakespeare)",
-                    ["run", "nodes", "batch/node", "samples", "val BPC", "wall s", "BPC vs single"],
-                    [row + [row[4] / single["val_bpc"]] for row in rows])
+                    ["run", "nodes", "batch/node", "samples", "val BPC", "wall s", "BPC vs single", "wall vs single",
+                     "wall/sample vs single"],
+                    [row + [row[4] / single["val_bpc"], row[5] / single["wall_s"],
+                            (row[5] / row[3]) / (single["wall_s"] / single["samples"])] for row in rows])
     if not args.skip_world_model:
         wm = run_world_model(args.nodes, args.wm_rounds, args.env)
         out["world_model"] = {"val_nll": wm["val_nll"], "controller_return": wm["controller_return"],

@@ -50,9 +50,10 @@ logger = logging.getLogger(__name__)
 #: timeouts: nodes saw themselves alone and averaged with nobody (bench/scale.py). An idle CPU runs it as fast
 TRAINING_NICE = 10
 
-#: seconds between two measures of what the node's processes cost (reading /proc takes a few milliseconds; memory
-#: moves slowly): the heartbeat reports the last one, and --max-memory is checked against it
-FOOTPRINT_EVERY_S = 5.0
+#: seconds between two measures of what the node's processes cost: the heartbeat reports the last one, and
+#: --max-memory is checked against it. Reading the smaps of the node's processes takes 10-20 ms of a core (py-spy,
+#: 3 nodes on 2 cores: 1.3% of a node's samples when measured every 5 s); memory moves slowly
+FOOTPRINT_EVERY_S = 15.0
 
 
 def pick_device(name: str) -> torch.device:

@@ -429,7 +429,7 @@ def run_hivemind(mode: str, setup: Setup, folder: Path) -> dict:
 
 def run_cotrain(strategy: str, setup: Setup, folder: Path) -> dict:
     """A real coordinator and 3 nodes (one torch thread each: :class:`Swarm`'s shares of 2 cores), each held to its
-    share of the samples with --max-rounds and --max-steps, as bench/quality.py's run_lm."""
+    share of the samples with --max-steps, as bench/quality.py's run_lm."""
     from cotrain.checkpoint import load_checkpoint
     from cotrain.cli.launch import wait_for
 
@@ -446,7 +446,7 @@ def run_cotrain(strategy: str, setup: Setup, folder: Path) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     with Swarm(cfg, folder, nodes=WORKERS) as swarm:
         t0 = time.time()
-        procs = [swarm.start_node(name, ["--wait-peers", str(WORKERS), "--max-rounds", str(rounds),
+        procs = [swarm.start_node(name, ["--wait-peers", str(WORKERS),
                                          "--max-steps", str(steps)]) for name in names]
         last_print = time.time()
 

@@ -17,10 +17,9 @@ tinyshakespeare, TBPTT 128, AdamW 3e-3 cosine to 3e-4, clip 1, 72,000 sequences 
 - swarm: 3 real nodes (one torch thread each, sharing this machine's cores: no speed-up is possible here) that split
   the batch of 32 as data-parallel training does (11 sequences each, 33 in all), so that they take as many steps
   as the single node for the same samples, and average every H steps (DiLoCo, outer lr 1.0 momentum 0.5); by
-  default twice, without and with ``averaging.overlap`` (``--overlap off|on|both``). A swarm's nodes stop at their
-  last round, which can come a few steps short of the single node's samples, so the table also gives the wall time
-  per sample against the single node's (the comparison at equal samples), and the JSON each swarm's compute
-  utilization (the nodes' compute_s / wall_s).
+  default twice, without and with ``averaging.overlap`` (``--overlap off|on|both``). Each node stops at its share
+  of the steps (``--max-steps``); the table also gives the wall time per sample against the single node's, and the
+  JSON each swarm's compute utilization (the nodes' compute_s / wall_s).
 
 Why split the batch: at this budget the loss depends on the number of sequential steps more than on the batch.
 Nodes that each keep batches of 32 take a third of the steps; measured in-process (3 replicas, ideal averaging),
@@ -164,9 +163,11 @@ def run_lm(data: str, nodes: int, total_sequences: int, inner_steps: int, outer_
         # outer step on its own pseudo-gradient cost 0.22 BPC: 2.556 against 2.335)
         cfg = cfg.with_overrides(averaging={"outer_lr": 1.0, "outer_momentum": 0.0})
     # a single node uses every core (torch's default threads), as the plain loop does; swarm nodes one thread each.
-    # --max-steps holds every node to its share of the samples: a node that reaches a round's end keeps training
-    # while it waits for slower peers, so --max-rounds alone let the swarm take 1.42x the samples
-    run = run_swarm(cfg, nodes, ["--max-rounds", str(rounds), "--max-steps", str(rounds * inner_steps),
+    # --max-steps alone holds every node to its share of the samples: a node that reaches a round's end keeps
+    # training while it waits for slower peers, so --max-rounds alone let the swarm take 1.42x the samples; and a
+    # node ends its round when a peer begins averaging, a step or two short of H (with overlap the fastest one
+    # never waits), so --max-rounds with --max-steps stopped the swarm 6% short of them
+    run = run_swarm(cfg, nodes, ["--max-steps", str(rounds * inner_steps),
                                  *(["--threads", "0"] if nodes == 1 else [])])
     util = [n["compute_s"] / n["wall_s"] for n in run.nodes if n.get("wall_s", 0) > 0]
     return dict(nodes=nodes, val_bpc=run.metrics["val_bpc"], val_loss=run.metrics["val_loss"], wall_s=run.wall_s,

@@ -245,8 +245,8 @@ def main() -> int:
                 wall_per_sample_vs_single=(swarm["wall_s"] / swarm["samples"]) / (single["wall_s"] / single["samples"]))
             rows.append([f"swarm (DiLoCo H={swarm['inner_steps']}{', overlap' if overlap else ''})", swarm["nodes"],
                          swarm["batch_size"], swarm["samples"], swarm["val_bpc"], swarm["wall_s"]])
-        # a swarm's nodes stop at their last round, which can come a few steps short of the single node's samples:
-        # the time per sample is the comparison at equal samples
+        # the swarm's budget is whole rounds of every node (a little under the single node's samples): the time per
+        # sample compares them at equal samples
         print_table("language model (char LSTM 2x256, tinyshakespeare)",
                     ["run", "nodes", "batch/node", "samples", "val BPC", "wall s", "BPC vs single", "wall vs single",
                      "wall/sample vs single"],

@@ -233,8 +233,8 @@ class AveragingConfig(_Section):
     #: overlap. Worth it when a round takes a fraction of the H local steps: in-process (bench/delay.py: 3
     #: replicas, H=10, outer 0.7 / 0.9) the loss moved +0.2% when the average landed 3 steps into the next round,
     #: +4% when it landed 9 steps late. Sync gets each round's gradients a round late. On 2 cores, 3 nodes of the
-    #: BASELINES LSTM 2x256 at H=10 (bench/quality.py, 72,000 sequences): 0.98 of the time computing against 0.86,
-    #: 0.99x the single node's time per sample against 1.10x, BPC 2.096 against 2.076
+    #: BASELINES LSTM 2x256 at H=10 (bench/quality.py, 72,000 sequences): 0.98 of the time computing against 0.85,
+    #: 0.89x the single node's time against 1.02x, BPC 2.093 against 2.083 (the single node: 2.090)
     overlap: bool = False
     #: seconds peers wait for each other when forming a group (the board's meeting, or hivemind's matchmaking,
     #: which always waits this long). Longer gathers more stragglers into a round but idles the fast ones; on a LAN

@@ -34,6 +34,7 @@ from cotrain.config import RunConfig
 from cotrain.evaluation import evaluate_state  # noqa: F401 - the benches' evaluation, re-exported
 from cotrain.coordinator.store import Store
 from cotrain.cli.launch import Proc, cpu_shares, start_coordinator, start_node, wait_for
+from cotrain.cli.zygote import Zygote
 from cotrain.client import CoordinatorClient
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,10 +166,12 @@ class Swarm:
     ``listen`` is the coordinator's address, ``prefix`` a command its process runs under (``ip netns exec NAME``).
     ``nodes``: how many nodes run at once; each node name started gets its share of this machine's CPUs
     (:func:`cotrain.cli.launch.cpu_shares`; a restarted node its own again, names beyond ``nodes`` those of the first
-    ones), before its own flags, which win. 0: no share, every node takes the CPUs its flags say (default: all)."""
+    ones), before its own flags, which win. 0: no share, every node takes the CPUs its flags say (default: all).
+    ``zygote``: fork the nodes from one :class:`~cotrain.cli.zygote.Zygote` (they share one copy of torch and
+    hivemind: what a node adds to the machine, not a whole Python each)."""
 
     def __init__(self, config: Union[RunConfig, Path], workdir: Path, listen: str = "127.0.0.1:0",
-                 prefix: Sequence[str] = (), token_name: str = "bench", nodes: int = 0):
+                 prefix: Sequence[str] = (), token_name: str = "bench", nodes: int = 0, zygote: bool = False):
         self.config, self.workdir, self.listen, self.prefix = config, Path(workdir), listen, list(prefix)
         self._shares = cpu_shares(nodes)
         self._share_of: dict[str, list[str]] = {}
@@ -179,6 +182,8 @@ class Swarm:
         self.nodes: list[Proc] = []  # every node process started, in order (a restarted node twice)
         self._others: list = []
         self._client: Optional[CoordinatorClient] = None
+        self._use_zygote = zygote
+        self.zygote: Optional[Zygote] = None
 
     def __enter__(self) -> "Swarm":
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -190,6 +195,12 @@ class Swarm:
         self.token = create_token(self.state_dir, self.token_name)
         self.coordinator, self.address = start_coordinator(self.state_dir, path, listen=self.listen,
                                                            prefix=self.prefix)
+        if self._use_zygote:
+            try:
+                self.zygote = Zygote(self.workdir / "zygote.log")
+            except BaseException:
+                self.close()
+                raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -201,7 +212,7 @@ class Swarm:
         if name not in self._share_of:
             self._share_of[name] = self._shares[len(self._share_of) % len(self._shares)] if self._shares else []
         proc = start_node(self.address, self.token, name, self.workdir / name, extra=[*self._share_of[name], *extra],
-                          prefix=prefix)
+                          prefix=prefix, zygote=self.zygote)
         self.nodes.append(proc)
         return proc
 
@@ -236,6 +247,9 @@ class Swarm:
                 self._client.close()
                 self._client = None
             stop_all(self.nodes + self._others, 30.0)
+            if self.zygote is not None:
+                self.zygote.close()
+                self.zygote = None
             if self.coordinator is not None:
                 self.coordinator.stop(30)
 

@@ -62,8 +62,15 @@ def shards_for(args, nodes: int) -> int:
 
 
 def make_config(args, nodes: int) -> RunConfig:
+    if args.model == "demo":  # the model, sequence length and batch of `cotrain demo` (the defaults of a run config)
+        default = RunConfig()
+        shape = dict(hidden=default.model.hidden_size, embed_dim=default.model.embed_dim,
+                     layers=default.model.num_layers, seq_len=default.data.seq_len, batch_size=default.data.batch_size)
+    else:
+        shape = dict(hidden=args.hidden, embed_dim=16, layers=1, seq_len=32, batch_size=8)
+    hidden = shape.pop("hidden")
     return lstm_config(
-        "scale", args.data, args.hidden, embed_dim=16, seq_len=32, batch_size=8,
+        "scale", args.data, hidden, **shape,
         optimizer={"lr": 3e-3, "grad_clip": 1.0},
         averaging={"strategy": "diloco", "inner_steps": args.inner_steps, "target_group_size": args.group,
                    "group_formation": args.formation, "board_shards": shards_for(args, nodes),
@@ -86,7 +93,8 @@ def percentile(values: list[float], q: float) -> float:
 def one_run(args, nodes: int) -> dict:
     cfg = make_config(args, nodes)
     names = [f"node-{i}" for i in range(nodes)]
-    with work_folder("cotrain-scale-", keep=args.keep) as tmp, Swarm(cfg, tmp, nodes=nodes) as swarm:
+    with work_folder("cotrain-scale-", keep=args.keep) as tmp, \
+            Swarm(cfg, tmp, nodes=nodes, zygote=args.zygote == "on") as swarm:
         started = time.monotonic()
         # each waits for a few peers, not all: on two cores a board read of 16 peers took seconds and came back
         # with some of them, and nodes waiting for all waited out --wait-peers' 5 minutes
@@ -135,7 +143,7 @@ def one_run(args, nodes: int) -> dict:
         resyncs = sum(int(m.get("resyncs", 0)) for m in lasts)
         states_averaged = sum(int(m.get("states_averaged", 0)) for m in lasts)
     round_s = statistics.median(per_round) if per_round else float("nan")
-    return dict(nodes=nodes, group=args.group, formation=args.formation, board_shards=cfg.averaging.board_shards,
+    return dict(nodes=nodes, group=args.group, model=args.model, zygote=args.zygote, formation=args.formation, board_shards=cfg.averaging.board_shards,
                 state_averaging=args.state_averaging, resyncs=resyncs, states_averaged=states_averaged,
                 round_s=round_s,
                 rounds_per_min=60.0 / round_s if per_round else 0.0, step_s=per_step, partial_rounds=partial, rounds_completed=completed,
@@ -178,7 +186,13 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8, 16, 32], help="swarm sizes")
     parser.add_argument("--group", type=int, default=4, help="averaging.target_group_size at every size")
     parser.add_argument("--samples", type=int, default=100_000, help="samples the nodes take together, per run")
-    parser.add_argument("--hidden", type=int, default=64, help="LSTM hidden size")
+    parser.add_argument("--hidden", type=int, default=64, help="LSTM hidden size (--model small)")
+    parser.add_argument("--model", default="small", choices=["small", "demo"],
+                        help="small: a 1-layer LSTM of --hidden, sequences of 32, batches of 8; demo: cotrain demo's "
+                             "(2x256 LSTM, sequences of 128, batches of 16)")
+    parser.add_argument("--zygote", default="on", choices=["on", "off"],
+                        help="on: fork the nodes from one process that loaded torch and hivemind once "
+                             "(cotrain.cli.zygote), as cotrain demo does; off: a new Python a node")
     parser.add_argument("--inner-steps", type=int, default=20, help="local steps per round (H)")
     parser.add_argument("--formation", default="board", choices=["board", "board_only", "matchmaking"],
                         help="averaging.group_formation (board_only: no hivemind averager process)")
@@ -220,7 +234,7 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted: the runs so far", file=sys.stderr)
     print_table(f"A swarm on this machine, groups of {args.group} formed by {args.formation}, {args.samples} samples a "
-                "run",
+                f"run, the {args.model} model, nodes {'forked from one zygote' if args.zygote == 'on' else 'one Python each'}",
                 ["nodes", "shards", "round s", "rounds/min", "step s", "partial", "resyncs", "states averaged",
                  "PSS MB", "RSS MB", "processes", "coord CPU", "heartbeat p99 ms", "val loss"],
                 [[r["nodes"], r["board_shards"], r["round_s"], r["rounds_per_min"], r["step_s"],
@@ -229,7 +243,8 @@ def main() -> None:
                   r["processes_per_node"], r["coordinator_cpu"], r["heartbeat_p99_ms"], r["val_loss"]]
                  if "error" not in r else [r["nodes"], "", "did not run: " + r["error"][:60]] + [""] * 11 for r in runs])
     write_json(args.json, {"runs": runs, "group": args.group, "formation": args.formation, "shards": args.shards,
-                           "samples": args.samples, "hidden": args.hidden, "inner_steps": args.inner_steps})
+                           "samples": args.samples, "hidden": args.hidden, "inner_steps": args.inner_steps,
+                           "model": args.model, "zygote": args.zygote})
 
 
 if __name__ == "__main__":

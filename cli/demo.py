@@ -9,6 +9,7 @@ checkpoint is.
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from cotrain.config import RunConfig
 from cotrain.data import Corpus
 from cotrain.evaluation import evaluate_model, evaluate_state, model_from_state
 from cotrain.cli.launch import LaunchError, cpu_shares, start_coordinator, start_node, wait_for
+from cotrain.cli.zygote import Zygote, ZygoteError
 from cotrain.models import generate
 
 DEMO_CONFIG = dict(
@@ -61,13 +63,20 @@ def run_demo(args) -> int:
     started = time.monotonic()
     coordinator, address = start_coordinator(state_dir, config_path)
     nodes = []
+    zygote = None
     client = CoordinatorClient(address, insecure=True, rpc_timeout=5.0)
     try:
+        if args.nodes > 1 and hasattr(os, "fork"):
+            # the nodes fork from one process that loaded torch and hivemind, and share that copy (~190 MB a node)
+            try:
+                zygote = Zygote(workdir / "zygote.log")
+            except ZygoteError as e:
+                console.print(f"[yellow]{e}; starting each node as its own Python[/yellow]")
         # the nodes divide this machine's CPUs (each its own, or one thread each when they outnumber them): with
         # torch's default threads every node would take every core, and they would take turns on them
         for i, share in enumerate(cpu_shares(args.nodes)):
             name = f"node-{i + 1}"
-            nodes.append(start_node(address, token, name, workdir / name, extra=share))
+            nodes.append(start_node(address, token, name, workdir / name, extra=share, zygote=zygote))
         console.print(f"coordinator at {address}; logs in {workdir}")
         train_started = time.monotonic()
         with Live(health_table(client.health()), console=console, refresh_per_second=2) as live:
@@ -99,6 +108,8 @@ def run_demo(args) -> int:
         client.close()
         for proc in nodes:
             proc.stop(30)
+        if zygote is not None:
+            zygote.close()
         coordinator.stop(30)
 
     checkpoint = health.totals.latest_checkpoint

@@ -6,6 +6,9 @@ libp2p daemons it started. Stopping sends SIGTERM (a node leaves cleanly), waits
 ``prefix`` runs a process under a wrapper command that ends by exec'ing it, such as ``ip netns exec NAME`` (a Linux
 network namespace, for tests and benches of nodes behind NAT): the process keeps the wrapper's pid, so signals and
 the group still reach it.
+
+``zygote`` forks a node from a :class:`~cotrain.cli.zygote.Zygote` instead of starting a new Python: many nodes on one
+machine then share one copy of torch and hivemind (``cotrain demo``, bench/scale.py).
 """
 
 from __future__ import annotations
@@ -28,10 +31,13 @@ class LaunchError(RuntimeError):
 
 class Proc:
     def __init__(self, name: str, args: Sequence[str], log_path: Path, env: Optional[dict] = None,
-                 prefix: Sequence[str] = ()):
+                 prefix: Sequence[str] = (), zygote=None):
         self.name, self.log_path = name, Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
+        if zygote is not None and not prefix:
+            self.popen = zygote.spawn(args, self.log_path, env)
+            return
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self.popen = subprocess.Popen([*prefix, sys.executable, "-m", "cotrain.cli", *args], stdout=self._log,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
@@ -187,9 +193,9 @@ def cpu_shares(count: int, allowed: Optional[Sequence[int]] = None, cpu_max: Opt
 
 
 def start_node(address: str, token: str, name: str, state_dir: Path, log_path: Optional[Path] = None,
-               extra: Sequence[str] = (), prefix: Sequence[str] = ()) -> Proc:
+               extra: Sequence[str] = (), prefix: Sequence[str] = (), zygote=None) -> Proc:
     """``cotrain node join`` with ``extra`` flags (a node alone on this machine takes all its CPUs; several nodes
-    divide them with :func:`cpu_shares`)."""
+    divide them with :func:`cpu_shares`). ``zygote``: fork it from there (see the module's docstring)."""
     args = ["node", "join", address, "--token", token, "--name", name, "--insecure", "--state-dir", str(state_dir),
             *extra]
-    return Proc(name, args, log_path or Path(state_dir) / "node.log", prefix=prefix)
+    return Proc(name, args, log_path or Path(state_dir) / "node.log", prefix=prefix, zygote=zygote)

@@ -8,6 +8,7 @@ on Ctrl-C, SIGTERM or a DRAIN command: Leave, shut the averager down before the 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import sys
@@ -192,6 +193,11 @@ class Node:
             raise SystemExit(f"the coordinator's JoinResponse: {e}") from None
         self._keep_coordinator_key(response.coordinator_public_key)
         record_key = load_record_key(opts.state_dir / "records.key" if opts.state_dir else None)
+        # hivemind forks its DHT (and averager) process from this one: what exists now is shared with it until either
+        # writes to it, and a collection walking every object writes to every page holding one. Frozen objects are
+        # never walked (nor freed: what exists now lives as long as the node anyway)
+        gc.collect()
+        gc.freeze()
         dht, client_mode = self._start_data_plane(response, record_key)
         heartbeat = threading.Thread(target=self._heartbeat_loop, args=(response.heartbeat_interval_s,),
                                      name="heartbeat", daemon=True)

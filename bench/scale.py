@@ -2,23 +2,30 @@
 size, what each round takes and what each node costs.
 
     python bench/scale.py [--nodes 4 8 16 32] [--group 4] [--samples 100000] [--formation board] [--shards auto]
-                          [--json FILE]
+                          [--model small|demo] [--zygote on|off] [--json FILE]
     python bench/scale.py --virtual 100 300 1000 [--virtual-seconds 60] [--json FILE]
 
 Every run is a real swarm on this machine: a coordinator and N ``cotrain node join`` processes, one torch thread
-each (more nodes than cores: the kernel shares the cores out), a small byte-level LSTM, DiLoCo with
+each (more nodes than cores: the kernel shares the cores out), forked from one zygote (:mod:`cotrain.cli.zygote`,
+as ``cotrain demo`` starts them: they share one copy of torch and hivemind; ``--zygote off``: a new Python each),
+a small byte-level LSTM (``--model demo``: the demo's 2x256 LSTM, sequences and batches), DiLoCo with
 ``target_group_size = --group``, so that a round's group is the same size at every swarm size and only the swarm
 around it grows. Each run trains until the nodes together took ``--samples`` samples, so the validation loss of the
 runs compares the same amount of training. Columns:
 
-- ``round s``: seconds per round, median over the nodes, between the round each had when all were averaging and
-  the last (the machine's two cores are shared by all nodes, so at a fixed budget more nodes mean slower steps:
-  ``round s`` grows with the swarm even when averaging costs nothing more; ``step s`` says how much);
+- ``round s``: seconds per round, median over the nodes, between the round each had when all were past their
+  first (averaged, or caught up by downloading the state) and the last; a run goes on past ``--samples`` until
+  the median node is two rounds further (the machine's two cores are shared by all nodes, so at a fixed budget
+  more nodes mean slower steps: ``round s`` grows with the swarm even when averaging costs nothing more; ``step
+  s`` says how much);
+- ``of which not stepping``: the part of a round a node spent outside its steps (meeting, all-reduce, waiting for
+  its groupmates, reading the board), median over the nodes: what the swarm's size costs a round;
 - ``partial``: rounds some node ended with a contribution left out or fewer groupmates than it saw (those that
   ended in a resync included), over the rounds the nodes averaged and applied;
 - ``PSS MB`` and ``RSS MB``: what one node costs, all its processes (the node, hivemind's DHT and averager
-  processes, the libp2p daemon): proportional set size (shared pages split between the processes sharing them:
-  summed over the machine it is the memory in use) and the sum of resident sets (shared pages counted in each);
+  processes, the libp2p daemon; the zygote's pages it shares count their share): proportional set size (shared
+  pages split between the processes sharing them: summed over the machine it is the memory in use) and the sum
+  of resident sets (shared pages counted in each);
 - ``coord CPU``: the coordinator's CPU over the run (cores: 1.0 is one core busy);
 - ``heartbeat p99 ms``: the nodes' heartbeat round trips, 99th percentile of every one sampled;
 - ``val loss``: the shared model's validation loss (nats per byte) after the budget.
@@ -75,12 +82,30 @@ def make_config(args, nodes: int) -> RunConfig:
         averaging={"strategy": "diloco", "inner_steps": args.inner_steps, "target_group_size": args.group,
                    "group_formation": args.formation, "board_shards": shards_for(args, nodes),
                    "state_averaging": args.state_averaging,
-                   "progress_interval": args.progress_interval, "matchmaking_time": 3.0, "request_timeout": 2.0,
+                   "progress_interval": progress_interval(args, nodes), "matchmaking_time": 3.0,
+                   "request_timeout": 2.0,
                    "round_wait": 10.0, "allreduce_timeout": 60.0},
         compression={"kind": "none"},
-        # --unit-kb: with the default 128 KB tinyshakespeare is 9 units, and half of 16 nodes waited, paused, for work
+        # --unit-kb: with 128 KB units tinyshakespeare is 9 units, and half of 16 nodes waited, paused, for work
         coordinator={"heartbeat_interval_s": args.heartbeat_interval, "lost_after_missed": 30,
-                     "eval_bytes": 32768, "unit_bytes": args.unit_kb * 1024})
+                     "eval_bytes": 32768, "unit_bytes": unit_kb(args, nodes) * 1024})
+
+
+def progress_interval(args, nodes: int) -> float:
+    """--progress-interval, or "auto": 1 s up to 8 nodes, nodes / 8 s beyond. Every node publishes its record and
+    reads its shard every interval, and on one machine all their DHT processes and libp2p daemons share its cores:
+    32 nodes at 1 s spent 1.2 of the 2 cores on the board (DHT processes 0.7, daemons 0.5), their training 0.4."""
+    if args.progress_interval == "auto":
+        return max(1.0, nodes / 8)
+    return float(args.progress_interval)
+
+
+def unit_kb(args, nodes: int) -> int:
+    """--unit-kb, or "auto": at most 128 KB, and at least two units of the corpus a node (a node with no free unit
+    waits for one, paused: 32 nodes on tinyshakespeare's 1.1 MB in 128 KB units had 16 of them waiting)."""
+    if args.unit_kb != "auto":
+        return int(args.unit_kb)
+    return max(4, min(128, Path(args.data).stat().st_size // 1024 // (2 * nodes)))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -100,7 +125,7 @@ def one_run(args, nodes: int) -> dict:
         # with some of them, and nodes waiting for all waited out --wait-peers' 5 minutes
         procs = [swarm.start_node(name, ["--wait-peers", str(min(nodes, 8))]) for name in names]
         deadline = started + args.timeout
-        first: dict[str, tuple[int, float]] = {}  # node -> (round, wall_s) once every node has averaged
+        first: dict[str, tuple[int, float, float]] = {}  # node -> (round, wall_s, compute_s) once all averaged
         rtts: list[float] = []
         rows: dict[str, object] = {}
         warm_at = coordinator_cpu0 = None
@@ -113,23 +138,30 @@ def one_run(args, nodes: int) -> dict:
             if dead:
                 raise RuntimeError(f"{', '.join(dead)} exited (logs in {tmp}; --keep keeps them)")
             rows = {n.node_name: n.metrics for n in swarm.health().nodes}
-            if warm_at is None and len(rows) == nodes and all(m.rounds_completed >= 1 for m in rows.values()):
+            # every node past its first round, averaged or resynced (at 32 nodes some only ever caught up by
+            # downloading the state for their first rounds)
+            if warm_at is None and len(rows) == nodes and all(m.round >= 1 for m in rows.values()):
                 warm_at = time.monotonic()
                 coordinator_cpu0 = footprint(swarm.coordinator.pid).cpu_s
-                first = {name: (m.round, m.wall_s) for name, m in rows.items()}
-                print(f"  {nodes} nodes averaging after {warm_at - started:.0f}s", flush=True)
+                first = {name: (m.round, m.wall_s, m.compute_s) for name, m in rows.items()}
+                print(f"  {nodes} nodes past their first round after {warm_at - started:.0f}s", flush=True)
             if warm_at is not None:
                 rtts += [m.heartbeat_ms for m in rows.values() if m.heartbeat_ms > 0]
                 if not costs:  # once, while they train: the node processes' trees as this bench sees them
                     costs = [footprint(p.pid) for p in procs]
             samples = sum(m.samples_local for m in rows.values())
-            if warm_at is not None and samples >= args.samples:
-                break
+            if warm_at is not None and samples >= args.samples and statistics.median(
+                    m.round - first[name][0] for name, m in rows.items() if name in first) >= 2:
+                break  # the budget spent, and rounds enough since the start to time one
             time.sleep(2.0)
         window = time.monotonic() - warm_at
         coordinator_cpu = (footprint(swarm.coordinator.pid).cpu_s - coordinator_cpu0) / window
         per_round = [(m.wall_s - first[name][1]) / (m.round - first[name][0]) for name, m in rows.items()
                      if m.round > first[name][0]]
+        # what a round took beyond the node's own steps (meeting, all-reduce, waiting for groupmates): the part of a
+        # round that is the swarm's, where round_s also grows with the steps' time as more nodes share the cores
+        overhead = [((m.wall_s - first[name][1]) - (m.compute_s - first[name][2])) / (m.round - first[name][0])
+                    for name, m in rows.items() if m.round > first[name][0]]
         per_step = window * nodes / max(1, sum(m.step for m in rows.values()))
         completed = sum(m.rounds_completed for m in rows.values())
         partial = sum(m.partial_rounds for m in rows.values())
@@ -143,10 +175,13 @@ def one_run(args, nodes: int) -> dict:
         resyncs = sum(int(m.get("resyncs", 0)) for m in lasts)
         states_averaged = sum(int(m.get("states_averaged", 0)) for m in lasts)
     round_s = statistics.median(per_round) if per_round else float("nan")
-    return dict(nodes=nodes, group=args.group, model=args.model, zygote=args.zygote, formation=args.formation, board_shards=cfg.averaging.board_shards,
+    return dict(nodes=nodes, group=args.group, model=args.model, zygote=args.zygote, formation=args.formation,
+                board_shards=cfg.averaging.board_shards, progress_interval=cfg.averaging.progress_interval,
+                unit_bytes=cfg.coordinator.unit_bytes,
                 state_averaging=args.state_averaging, resyncs=resyncs, states_averaged=states_averaged,
-                round_s=round_s,
-                rounds_per_min=60.0 / round_s if per_round else 0.0, step_s=per_step, partial_rounds=partial, rounds_completed=completed,
+                round_s=round_s, round_overhead_s=statistics.median(overhead) if overhead else float("nan"),
+                rounds_per_min=60.0 / round_s if per_round else 0.0, step_s=per_step, partial_rounds=partial,
+                rounds_completed=completed,
                 partial_fraction=partial / max(1, completed),
                 rss_mb_per_node=statistics.mean(c.rss_bytes for c in costs) / 2**20 if costs else float("nan"),
                 pss_mb_per_node=pss,
@@ -161,7 +196,7 @@ def virtual_runs(args) -> None:
     for peers in args.virtual:
         for shards in sorted({1, shards_for(args, peers)}):
             cfg = SimConfig(peers=peers, shards=shards, group=args.group, inner_steps=args.inner_steps,
-                            progress_interval=args.progress_interval, duration_s=args.virtual_seconds,
+                            progress_interval=progress_interval(args, 1), duration_s=args.virtual_seconds,
                             state_averaging=args.state_averaging)
             started = time.monotonic()
             result = simulate(cfg)
@@ -201,9 +236,11 @@ def main() -> None:
                              'and "auto" with --virtual (which runs one key too, side by side)')
     parser.add_argument("--state-averaging", action="store_true",
                         help="averaging.state_averaging: groups whose members' states differ average them")
-    parser.add_argument("--progress-interval", type=float, default=1.0)
-    parser.add_argument("--unit-kb", type=int, default=128,
-                        help="coordinator.unit_bytes in KB: below corpus / nodes, so that no node waits for work")
+    parser.add_argument("--progress-interval", default="auto",
+                        help='averaging.progress_interval in seconds, or "auto" (1 s, nodes / 8 s beyond 8 nodes)')
+    parser.add_argument("--unit-kb", default="auto",
+                        help='coordinator.unit_bytes in KB, or "auto" (128 KB, smaller when the corpus would not give '
+                             'each node two units: a node without one waits)')
     parser.add_argument("--heartbeat-interval", type=float, default=2.0)
     parser.add_argument("--eval-bytes", type=int, default=65536, help="validation bytes the final model is scored on")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take")
@@ -234,14 +271,17 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted: the runs so far", file=sys.stderr)
     print_table(f"A swarm on this machine, groups of {args.group} formed by {args.formation}, {args.samples} samples a "
-                f"run, the {args.model} model, nodes {'forked from one zygote' if args.zygote == 'on' else 'one Python each'}",
-                ["nodes", "shards", "round s", "rounds/min", "step s", "partial", "resyncs", "states averaged",
+                f"run, the {args.model} model, nodes "
+                f"{'forked from one zygote' if args.zygote == 'on' else 'one Python each'}",
+                ["nodes", "shards", "round s", "of which not stepping", "rounds/min", "step s", "partial", "resyncs",
+                 "states averaged",
                  "PSS MB", "RSS MB", "processes", "coord CPU", "heartbeat p99 ms", "val loss"],
-                [[r["nodes"], r["board_shards"], r["round_s"], r["rounds_per_min"], r["step_s"],
+                [[r["nodes"], r["board_shards"], r["round_s"], r["round_overhead_s"], r["rounds_per_min"], r["step_s"],
                   f"{r['partial_rounds']}/{r['rounds_completed']}", r["resyncs"], r["states_averaged"],
                   r["pss_mb_per_node"], r["rss_mb_per_node"],
                   r["processes_per_node"], r["coordinator_cpu"], r["heartbeat_p99_ms"], r["val_loss"]]
-                 if "error" not in r else [r["nodes"], "", "did not run: " + r["error"][:60]] + [""] * 11 for r in runs])
+                 if "error" not in r else [r["nodes"], "", "did not run: " + r["error"][:60]] + [""] * 12
+                 for r in runs])
     write_json(args.json, {"runs": runs, "group": args.group, "formation": args.formation, "shards": args.shards,
                            "samples": args.samples, "hidden": args.hidden, "inner_steps": args.inner_steps,
                            "model": args.model, "zygote": args.zygote})

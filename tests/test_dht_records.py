@@ -129,3 +129,81 @@ def test_a_sharded_board_keeps_each_record_in_its_rounds_shard(members):
                        expiration_time=expires)
     assert not b.store(key, subkey=board_a.subkey(alice), value=forged, expiration_time=expires)
     assert b.store(key, subkey=board_b.subkey(bob), value=forged, expiration_time=expires)
+
+
+# ---- the DHT process's remembered verdicts (pure logic: validators counted, no DHT) ------------------------------
+class CountingValidator:
+    """A validator whose verdict is set by the test and whose calls are counted."""
+
+    def __init__(self, verdict=True, priority=0):
+        self.verdict, self._priority, self.calls = verdict, priority, 0
+
+    def validate(self, record):
+        self.calls += 1
+        return self.verdict
+
+    def sign_value(self, record):
+        return record.value
+
+    def strip_value(self, record):
+        return record.value
+
+    @property
+    def priority(self):
+        return self._priority
+
+    def merge_with(self, other):
+        return False
+
+
+def make_record(value=b"v", expiration=100.0):
+    from hivemind.dht.validation import DHTRecord
+
+    return DHTRecord(key=b"k", subkey=b"s", value=value, expiration_time=expiration)
+
+
+def remembered(*validators, **kwargs):
+    from hivemind.dht.validation import CompositeValidator
+
+    from cotrain.averaging.dht import RememberedVerdicts
+
+    return RememberedVerdicts(CompositeValidator(validators), **kwargs)
+
+
+def test_a_record_seen_again_is_not_validated_again_but_another_one_is():
+    inner = CountingValidator()
+    memo = remembered(inner)
+    assert memo.validate(make_record()) and memo.validate(make_record())
+    assert inner.calls == 1
+    assert memo.validate(make_record(value=b"w")) and memo.validate(make_record(expiration=101.0))
+    assert inner.calls == 3
+
+
+def test_a_refused_record_stays_refused():
+    inner = CountingValidator(verdict=False)
+    memo = remembered(inner)
+    assert not memo.validate(make_record()) and not memo.validate(make_record())
+    assert inner.calls == 1
+
+
+def test_new_validators_judge_every_record_again():
+    # a newer revocation list reaches the DHT process as a validator added (merged): a record a revoked peer signed
+    # must not pass on an old verdict
+    memo = remembered(CountingValidator())
+    assert memo.validate(make_record())
+    memo.extend([CountingValidator(verdict=False)])
+    assert not memo.validate(make_record())
+
+
+def test_a_verdict_is_forgotten_after_max_age_and_beyond_size():
+    now = [1000.0]
+    inner = CountingValidator()
+    memo = remembered(inner, size=2, max_age=10.0, clock=lambda: now[0])
+    memo.validate(make_record())
+    now[0] += 11.0
+    memo.validate(make_record())
+    assert inner.calls == 2  # too old: judged again
+    memo.validate(make_record(value=b"a"))
+    memo.validate(make_record(value=b"b"))  # the third verdict pushes out the oldest
+    memo.validate(make_record())
+    assert inner.calls == 5

@@ -118,6 +118,9 @@ def serve() -> None:
     import gc
     import importlib
 
+    from cotrain.node.limits import limit_malloc_arenas
+
+    limit_malloc_arenas()  # what a node does first, here before the preloads' threads allocate (the nodes inherit it)
     for name in PRELOAD:
         importlib.import_module(name)
     gc.collect()

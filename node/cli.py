@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import socket
 import tomllib
 from pathlib import Path
 
-from cotrain.node.limits import choose_cpus
+from cotrain.node.limits import choose_cpus, limit_malloc_arenas
 from cotrain.node.options import FLAGS, OPTIONS, Flag, NodeOptions
 
 __all__ = ["OPTIONS", "add_parser", "add_tls_flags", "resolve_options"]
@@ -117,6 +118,8 @@ def resolve_options(args: argparse.Namespace) -> dict:
 
 
 def cmd_join(args) -> int:
+    arenas = limit_malloc_arenas()  # before torch's and hivemind's threads allocate
+    logging.getLogger("cotrain.node.runner").info("%s", arenas)
     from cotrain.node.runner import Node  # torch and hivemind: only when a node really starts
 
     options = NodeOptions(**resolve_options(args))

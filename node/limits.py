@@ -227,3 +227,26 @@ class OtherProcessesLoad:
             return 0.0
         busy_others = (elapsed - (idle - i0)) - (own - o0)
         return max(0.0, min(1.0, busy_others / elapsed))
+
+
+#: glibc's malloc arenas a node keeps at most. glibc gives threads their own arenas (up to 8 a core), and each keeps
+#: the memory freed in it: a node's threads (training, the progress board, the exchange, gRPC) held 37-60 MB more in
+#: a micro-bench of the demo's training step on 4 threads than on 2 arenas, with no difference in speed
+MALLOC_ARENAS = 2
+
+
+def limit_malloc_arenas(count: int = MALLOC_ARENAS) -> str:
+    """Cap glibc's malloc arenas for this process and those it forks (hivemind's DHT process), before its threads
+    start; an operator's ``MALLOC_ARENA_MAX`` is kept. -> what was done, in words (elsewhere than glibc: nothing)."""
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return f"malloc arenas: MALLOC_ARENA_MAX={os.environ['MALLOC_ARENA_MAX']} (the environment's)"
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return "malloc arenas: not glibc, left alone"
+    M_ARENA_MAX = -8
+    if not mallopt(M_ARENA_MAX, int(count)):
+        return "malloc arenas: glibc refused the cap"
+    return f"malloc arenas: at most {count}"

@@ -153,6 +153,7 @@ def serve() -> None:
         buffered += chunk
         while b"\n" in buffered:
             line, buffered = buffered.split(b"\n", 1)
+            request = None
             try:
                 request = json.loads(line)
                 args = request["args"]
@@ -160,7 +161,7 @@ def serve() -> None:
                     raise ValueError("args: a list of strings")
                 if not isinstance(request.get("log"), str):
                     raise ValueError("log: a path")
-            except (ValueError, KeyError, TypeError) as e:
+            except (ValueError, KeyError, TypeError) as e:  # a launcher's bug: said to it, and the zygote goes on
                 _reply({"id": request.get("id") if isinstance(request, dict) else None, "error": str(e)})
                 continue
             sys.stdout.flush()
@@ -234,13 +235,15 @@ class Zygote:
                 message = json.loads(line)
             except ValueError:
                 continue
+            if not isinstance(message, dict):
+                continue
             with self._cond:
                 if "ready" in message:
                     self._ready = True
                 elif "exit" in message:
                     self._exits[int(message["exit"])] = int(message["code"])
-                elif "id" in message:
-                    self._replies[int(message["id"])] = message
+                elif isinstance(message.get("id"), int):  # a refusal of a line no spawn() sent has no id
+                    self._replies[message["id"]] = message
                 self._cond.notify_all()
         with self._cond:
             self._closed = True

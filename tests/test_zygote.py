@@ -94,7 +94,7 @@ def test_closing_the_zygote_takes_its_nodes_with_it(tmp_path):
 
 
 def test_a_malformed_request_is_refused_and_the_zygote_goes_on(zygote, tmp_path):
-    zygote.popen.stdin.write(b'{"id": 99, "args": "node join", "log": "/tmp/x"}\nnot json\n')
+    zygote.popen.stdin.write(b'not json\n{"id": 99, "args": "node join", "log": "/tmp/x"}\n[1, 2]\n')
     zygote.popen.stdin.flush()
     proc = Proc("version", ["--version"], tmp_path / "version.log", zygote=zygote)
     assert proc.popen.wait(30) == 0

@@ -69,6 +69,7 @@ def _run_node(request: dict, wake_fds: Sequence[int]) -> None:
             os.close(fd)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the zygote ignores it; a node is Python's own
         os.setsid()
         from cotrain.averaging.dht import kill_me_with_parent
 

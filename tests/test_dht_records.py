@@ -207,3 +207,18 @@ def test_a_verdict_is_forgotten_after_max_age_and_beyond_size():
     memo.validate(make_record(value=b"b"))  # the third verdict pushes out the oldest
     memo.validate(make_record())
     assert inner.calls == 5
+
+
+def test_records_that_differ_anywhere_have_different_verdict_keys():
+    from hivemind.dht.validation import DHTRecord
+
+    from cotrain.averaging.dht import RememberedVerdicts
+
+    base = DHTRecord(key=b"ab", subkey=b"c", value=b"v", expiration_time=1.0)
+    others = [DHTRecord(key=b"a", subkey=b"bc", value=b"v", expiration_time=1.0),  # the same bytes run together
+              DHTRecord(key=b"ab", subkey=b"c", value=b"w", expiration_time=1.0),
+              DHTRecord(key=b"ab", subkey=b"c", value=b"v", expiration_time=1.5)]
+    digests = {RememberedVerdicts.digest(r) for r in [base, *others]}
+    assert len(digests) == 4
+    assert RememberedVerdicts.digest(base) == RememberedVerdicts.digest(
+        DHTRecord(key=b"ab", subkey=b"c", value=b"v", expiration_time=1.0))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import signal
+import struct
 import sys
 import time
 from collections import OrderedDict
@@ -129,16 +131,17 @@ class RememberedVerdicts(RecordValidatorBase):
     the record's bytes (key, subkey, value, expiration) and of the validators, so it is kept until the validators
     change (:meth:`extend`: new revocations apply at once) or ``max_age`` passes (a credential that expires
     meanwhile is seen expired at most that late; a record is republished with new bytes every progress interval,
-    so a few seconds keep nearly every repeat). At most ``size`` verdicts are kept, the oldest forgotten first."""
+    so a few seconds keep nearly every repeat). At most ``size`` verdicts are kept, the oldest forgotten first, each
+    under a 16-byte digest of the record rather than its bytes (a board record is ~1.5 KB)."""
 
-    def __init__(self, inner: CompositeValidator, size: int = 4096, max_age: float = 10.0, clock=time.monotonic):
+    def __init__(self, inner: CompositeValidator, size: int = 2048, max_age: float = 10.0, clock=time.monotonic):
         self.inner, self.size, self.max_age, self.clock = inner, size, max_age, clock
-        self._verdicts: OrderedDict = OrderedDict()  # (key, subkey, value, expiration) -> (verdict, when)
+        self._verdicts: OrderedDict = OrderedDict()  # digest of the record -> (verdict, when)
         self.hits = self.misses = 0
 
     def validate(self, record: DHTRecord) -> bool:
         now = self.clock()
-        key = (record.key, record.subkey, record.value, record.expiration_time)
+        key = self.digest(record)
         known = self._verdicts.get(key)
         if known is not None and now - known[1] <= self.max_age:
             self.hits += 1
@@ -150,6 +153,18 @@ class RememberedVerdicts(RecordValidatorBase):
         while len(self._verdicts) > self.size:
             self._verdicts.popitem(last=False)
         return verdict
+
+    @staticmethod
+    def digest(record: DHTRecord) -> bytes:
+        """A 16-byte digest of everything a verdict depends on: key, subkey, value (each length-prefixed, so that no
+        two records run together alike) and expiration."""
+        h = hashlib.blake2b(digest_size=16)
+        for part in (record.key, record.subkey, record.value):
+            part = bytes(part or b"")
+            h.update(len(part).to_bytes(8, "little"))
+            h.update(part)
+        h.update(struct.pack("<d", float(record.expiration_time)))
+        return h.digest()
 
     def sign_value(self, record: DHTRecord) -> bytes:
         return self.inner.sign_value(record)

@@ -71,11 +71,11 @@ def shards_for(args, nodes: int) -> int:
 def make_config(args, nodes: int) -> RunConfig:
     if args.model == "demo":  # the model, sequence length and batch of `cotrain demo` (the defaults of a run config)
         default = RunConfig()
-        shape = dict(hidden=default.model.hidden_size, embed_dim=default.model.embed_dim,
-                     layers=default.model.num_layers, seq_len=default.data.seq_len, batch_size=default.data.batch_size)
+        hidden = default.model.hidden_size
+        shape = dict(embed_dim=default.model.embed_dim, layers=default.model.num_layers,
+                     seq_len=default.data.seq_len, batch_size=default.data.batch_size)
     else:
-        shape = dict(hidden=args.hidden, embed_dim=16, layers=1, seq_len=32, batch_size=8)
-    hidden = shape.pop("hidden")
+        hidden, shape = args.hidden, dict(embed_dim=16, layers=1, seq_len=32, batch_size=8)
     return lstm_config(
         "scale", args.data, hidden, **shape,
         optimizer={"lr": 3e-3, "grad_clip": 1.0},
@@ -94,7 +94,7 @@ def make_config(args, nodes: int) -> RunConfig:
 def progress_interval(args, nodes: int) -> float:
     """--progress-interval, or "auto": 1 s up to 8 nodes, nodes / 8 s beyond. Every node publishes its record and
     reads its shard every interval, and on one machine all their DHT processes and libp2p daemons share its cores:
-    32 nodes at 1 s spent 1.2 of the 2 cores on the board (DHT processes 0.7, daemons 0.5), their training 0.4."""
+    32 nodes at 1 s spent 1.3 of the 2 cores on the board (DHT processes 0.76, daemons 0.51), their training 0.55."""
     if args.progress_interval == "auto":
         return max(1.0, nodes / 8)
     return float(args.progress_interval)
@@ -125,7 +125,7 @@ def one_run(args, nodes: int) -> dict:
         # with some of them, and nodes waiting for all waited out --wait-peers' 5 minutes
         procs = [swarm.start_node(name, ["--wait-peers", str(min(nodes, 8))]) for name in names]
         deadline = started + args.timeout
-        first: dict[str, tuple[int, float, float]] = {}  # node -> (round, wall_s, compute_s) once all averaged
+        first: dict[str, tuple[int, float, float]] = {}  # node -> (round, wall_s, compute_s) once all started
         rtts: list[float] = []
         rows: dict[str, object] = {}
         warm_at = coordinator_cpu0 = None

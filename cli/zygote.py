@@ -89,9 +89,6 @@ def _run_node(request: dict, wake_fds: Sequence[int]) -> None:
         import numpy as np
 
         np.random.seed()  # numpy's global generator was seeded once, in the zygote: every node would draw alike
-        import gc
-
-        gc.enable()
         from cotrain.cli.main import main
 
         sys.argv = ["cotrain", *request["args"]]

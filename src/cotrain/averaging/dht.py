@@ -137,16 +137,13 @@ class RememberedVerdicts(RecordValidatorBase):
     def __init__(self, inner: CompositeValidator, size: int = 2048, max_age: float = 10.0, clock=time.monotonic):
         self.inner, self.size, self.max_age, self.clock = inner, size, max_age, clock
         self._verdicts: OrderedDict = OrderedDict()  # digest of the record -> (verdict, when)
-        self.hits = self.misses = 0
 
     def validate(self, record: DHTRecord) -> bool:
         now = self.clock()
         key = self.digest(record)
         known = self._verdicts.get(key)
         if known is not None and now - known[1] <= self.max_age:
-            self.hits += 1
             return known[0]
-        self.misses += 1
         verdict = bool(self.inner.validate(record))
         self._verdicts[key] = (verdict, now)
         self._verdicts.move_to_end(key)

@@ -116,13 +116,14 @@ def serve() -> None:
     import gc
     import importlib
 
-    from cotrain.node.limits import limit_malloc_arenas
+    from cotrain.node.limits import limit_malloc_arenas, release_freed_memory
 
     limit_malloc_arenas()  # what a node does first, here before the preloads' threads allocate (the nodes inherit it)
     for name in PRELOAD:
         importlib.import_module(name)
     gc.collect()
     gc.freeze()  # the nodes' collectors then never walk (and so never copy) the pages of what was loaded here
+    release_freed_memory()  # what the imports freed: no node needs a copy of those pages
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

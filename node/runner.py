@@ -40,7 +40,7 @@ from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.node.options import NodeOptions
 from cotrain.node.work import WorkQueue
 from cotrain.node.limits import (IdleMonitor, OtherProcessesLoad, format_cpu_list, lower_thread_priority, pin_cpus,
-                                 read_cpu_max, torch_threads)
+                                 read_cpu_max, release_freed_memory, torch_threads)
 from cotrain.footprint import Footprint, footprint
 
 logger = logging.getLogger(__name__)
@@ -384,6 +384,8 @@ class Node:
                 status.update(f"step {self.metrics.step}  round {averaging.round}  loss {self.metrics.loss:.3f}  "
                               f"{self.metrics.samples_per_s:.1f} samples/s  group {averaging.stats.last_group_size}  "
                               f"sent {averaging.exchange.bytes_sent / 1e6:.1f} MB")
+            if averaging.round != status_round:
+                release_freed_memory()  # what the round's exchange and state left freed in the heap
             if averaging.round != status_round or now - last_log >= self.options.log_every_s:
                 status_round = averaging.round
                 self._write_status()

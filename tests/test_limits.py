@@ -11,6 +11,22 @@ from cotrain.cli.launch import cpu_shares
 from cotrain.node.limits import (IdleMonitor, choose_cpus, lower_thread_priority, cpu_quota, format_cpu_list, parse_cpu_list, parse_size,
                                  read_cpu_max, torch_threads)
 
+FREED_THEN_RELEASED = """
+import json
+from cotrain.node.limits import release_freed_memory
+
+def resident():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+
+blocks = [bytes(4096) for _ in range(20000)]  # 80 MB in malloc'd blocks (above pymalloc's 512 bytes)
+pin = bytes(4096)  # allocated after them: the heap's top stays in use, so malloc cannot trim it by itself
+before_free = resident()
+del blocks
+freed = resident()
+released = release_freed_memory()
+print(json.dumps(dict(before_free=before_free, freed=freed, after=resident(), released=released)))
+"""
+
 
 @pytest.mark.parametrize("text, expected", [("4G", 4 * 2**30), ("512M", 512 * 2**20), ("1.5GiB", int(1.5 * 2**30)),
                                             ("1000", 1000), ("64k", 65536)])
@@ -239,3 +255,88 @@ def test_training_runs_nicer_than_the_threads_started_before_it():
     t.join()
     assert seen["nice"] == min(5, 19 - main) and seen["child"] == seen["nice"], seen  # its threads inherit it
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main  # the others keep theirs
+
+
+def test_freed_memory_goes_back_to_the_kernel():
+    """80 MB freed in the middle of the heap stay resident until release_freed_memory() hands them back."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FREED_THEN_RELEASED], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    sizes = json.loads(out)
+    assert sizes["released"]
+    assert sizes["freed"] > sizes["before_free"] - 20 * 2**20  # malloc kept what was freed below the pin
+    assert sizes["after"] < sizes["freed"] - 60 * 2**20
+
+
+CPU_LIMITED = """
+import json, os, sys, time
+from cotrain.node.limits import CpuTimeLimit
+
+try:
+    limit = CpuTimeLimit(0.1).__enter__()
+except ValueError as e:
+    print(json.dumps(dict(skip=str(e))))
+    sys.exit(0)
+folder = limit.folder
+inside = str(os.getpid()) in (folder / "cgroup.procs").read_text().split()
+child = os.fork()  # a process started inside stays inside
+if child == 0:
+    time.sleep(30)
+    os._exit(0)
+child_inside = str(child) in (folder / "cgroup.procs").read_text().split()
+os.kill(child, 9)
+os.waitpid(child, 0)
+started, until = time.process_time(), time.monotonic() + 1.0
+while time.monotonic() < until:
+    pass
+cpu = time.process_time() - started
+stat = dict(line.split() for line in (folder / "cpu.stat").read_text().splitlines())
+limit.__exit__(None, None, None)
+print(json.dumps(dict(inside=inside, child_inside=child_inside, cpu=cpu, throttled=int(stat["nr_throttled"]),
+                      removed=not folder.exists())))
+"""
+
+
+def test_cpu_limit_holds_the_process_and_its_children_to_a_fraction_of_a_core():
+    """--cpu-limit 0.1 for real (root, or a delegated cgroup; skipped elsewhere): the process and a child it starts
+    are in the node's cgroup, a busy second uses about a tenth of a second of CPU, the kernel says it throttled it,
+    and the cgroup is gone after."""
+    import json
+    import subprocess
+    import sys
+
+    out = json.loads(subprocess.run([sys.executable, "-c", CPU_LIMITED], capture_output=True, text=True, timeout=60,
+                                    check=True).stdout)
+    if "skip" in out:
+        pytest.skip(out["skip"])
+    assert out["inside"] and out["child_inside"]
+    assert out["throttled"] > 0
+    assert out["cpu"] < 0.5  # a second's busy loop, 0.1 CPUs of it allowed
+    assert out["removed"]
+
+
+def test_cpu_limit_errors_name_the_flag(tmp_path):
+    from cotrain.node.limits import CpuTimeLimit
+
+    with pytest.raises(ValueError, match="--cpu-limit: must be > 0"):
+        CpuTimeLimit(0)
+    cgroup = tmp_path / "cgroup"
+    cgroup.write_text("0::/user.slice/app.scope\n")
+    with pytest.raises(ValueError, match="--cpu-limit: no cgroup CPU controller.*systemd-run"):
+        CpuTimeLimit(0.5, root=tmp_path / "fs", proc_cgroup=cgroup).__enter__()
+    own = tmp_path / "fs" / "user.slice" / "app.scope"
+    own.mkdir(parents=True)
+    (own / "cgroup.controllers").write_text("memory pids\n")  # a v2 cgroup that does not delegate cpu
+    with pytest.raises(ValueError, match="--cpu-limit: .*subtree_control"):
+        CpuTimeLimit(0.5, root=tmp_path / "fs", proc_cgroup=cgroup).__enter__()
+    assert [p.name for p in own.iterdir()] == ["cgroup.controllers"]  # the folder it tried is gone again
+
+
+def test_cpu_limit_flag_reaches_the_options():
+    args = argparse.Namespace(coordinator="h:1", token="t", cpu_limit=0.25)
+    assert resolve_options(args)["cpu_limit"] == 0.25
+    with pytest.raises(SystemExit, match="--cpu-limit"):
+        resolve_options(argparse.Namespace(coordinator="h:1", token="t", cpu_limit=-1.0))

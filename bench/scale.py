@@ -2,7 +2,7 @@
 size, what each round takes and what each node costs.
 
     python bench/scale.py [--nodes 4 8 16 32] [--group 4] [--samples 100000] [--formation board] [--shards auto]
-                          [--model small|demo] [--zygote on|off] [--json FILE]
+                          [--model small|demo] [--zygote on|off] [--cpu-per-node auto|off|CPUS] [--json FILE]
     python bench/scale.py --virtual 100 300 1000 [--virtual-seconds 60] [--json FILE]
 
 Every run is a real swarm on this machine: a coordinator and N ``cotrain node join`` processes, one torch thread
@@ -108,6 +108,22 @@ def unit_kb(args, nodes: int) -> int:
     return max(4, min(128, Path(args.data).stat().st_size // 1024 // (2 * nodes)))
 
 
+def cpu_per_node(args) -> float:
+    """--cpu-per-node in CPUs (0: no limit). "auto": 90% of the CPUs this bench may use over the largest swarm, the
+    same at every size, so that a round at 4 nodes and at 32 compares what the swarm's size costs, not how thinly
+    the machine's cores are spread (without a limit 4 nodes on 2 cores take half a core each, 32 a sixteenth)."""
+    from cotrain.cli.launch import machine_cpus
+
+    if args.cpu_per_node == "off":
+        return 0.0
+    if args.cpu_per_node == "auto":
+        return round(0.9 * machine_cpus() / max(args.nodes), 4)
+    value = float(args.cpu_per_node)
+    if not value > 0:
+        raise SystemExit(f"--cpu-per-node: must be > 0, auto or off, got {args.cpu_per_node}")
+    return value
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -123,7 +139,8 @@ def one_run(args, nodes: int) -> dict:
         started = time.monotonic()
         # each waits for a few peers, not all: on two cores a board read of 16 peers took seconds and came back
         # with some of them, and nodes waiting for all waited out --wait-peers' 5 minutes
-        procs = [swarm.start_node(name, ["--wait-peers", str(min(nodes, 8))]) for name in names]
+        limit = ["--cpu-limit", f"{args.cpu_per_node:g}"] if args.cpu_per_node else []
+        procs = [swarm.start_node(name, ["--wait-peers", str(min(nodes, 8)), *limit]) for name in names]
         deadline = started + args.timeout
         first: dict[str, tuple[int, float, float]] = {}  # node -> (round, wall_s, compute_s) once all started
         rtts: list[float] = []
@@ -176,6 +193,7 @@ def one_run(args, nodes: int) -> dict:
         states_averaged = sum(int(m.get("states_averaged", 0)) for m in lasts)
     round_s = statistics.median(per_round) if per_round else float("nan")
     return dict(nodes=nodes, group=args.group, model=args.model, zygote=args.zygote, formation=args.formation,
+                cpu_per_node=args.cpu_per_node,
                 board_shards=cfg.averaging.board_shards, progress_interval=cfg.averaging.progress_interval,
                 unit_bytes=cfg.coordinator.unit_bytes,
                 state_averaging=args.state_averaging, resyncs=resyncs, states_averaged=states_averaged,
@@ -228,6 +246,11 @@ def main() -> None:
     parser.add_argument("--zygote", default="on", choices=["on", "off"],
                         help="on: fork the nodes from one process that loaded torch and hivemind once "
                              "(cotrain.cli.zygote), as cotrain demo does; off: a new Python a node")
+    parser.add_argument("--cpu-per-node", default="off",
+                        help='CPU time each node may use, all its processes (cotrain node join --cpu-limit: a cgroup '
+                             'quota; needs root): a number of CPUs, "auto" (the same at every size: 90%% of this '
+                             'machine\'s CPUs over the largest --nodes, as if each node had a small machine of its own), '
+                             'or "off" (the nodes share the cores as the kernel schedules them)')
     parser.add_argument("--inner-steps", type=int, default=20, help="local steps per round (H)")
     parser.add_argument("--formation", default="board", choices=["board", "board_only", "matchmaking"],
                         help="averaging.group_formation (board_only: no hivemind averager process)")
@@ -255,6 +278,7 @@ def main() -> None:
     if args.virtual:
         return virtual_runs(args)
     args.data = args.data or default_text()
+    args.cpu_per_node = cpu_per_node(args)
     runs = []
     try:
         with interruptible():
@@ -272,7 +296,8 @@ def main() -> None:
         print("interrupted: the runs so far", file=sys.stderr)
     print_table(f"A swarm on this machine, groups of {args.group} formed by {args.formation}, {args.samples} samples a "
                 f"run, the {args.model} model, nodes "
-                f"{'forked from one zygote' if args.zygote == 'on' else 'one Python each'}",
+                f"{'forked from one zygote' if args.zygote == 'on' else 'one Python each'}, "
+                + (f"{args.cpu_per_node:g} CPUs a node" if args.cpu_per_node else "no CPU limit"),
                 ["nodes", "shards", "round s", "of which not stepping", "rounds/min", "step s", "partial", "resyncs",
                  "states averaged",
                  "PSS MB", "RSS MB", "processes", "coord CPU", "heartbeat p99 ms", "val loss"],
@@ -284,7 +309,7 @@ def main() -> None:
                  for r in runs])
     write_json(args.json, {"runs": runs, "group": args.group, "formation": args.formation, "shards": args.shards,
                            "samples": args.samples, "hidden": args.hidden, "inner_steps": args.inner_steps,
-                           "model": args.model, "zygote": args.zygote})
+                           "model": args.model, "zygote": args.zygote, "cpu_per_node": args.cpu_per_node})
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import socket
 import tomllib
 from pathlib import Path
 
-from cotrain.node.limits import choose_cpus, limit_malloc_arenas
+from cotrain.node.limits import CpuTimeLimit, choose_cpus, limit_malloc_arenas
 from cotrain.node.options import FLAGS, OPTIONS, Flag, NodeOptions
 
 __all__ = ["OPTIONS", "add_parser", "add_tls_flags", "resolve_options"]
@@ -128,5 +128,16 @@ def cmd_join(args) -> int:
             choose_cpus(os.sched_getaffinity(0), options.cpus)
         except ValueError as e:
             raise SystemExit(str(e)) from None
-    Node(options).run()
+    if not options.cpu_limit:
+        Node(options).run()
+        return 0
+    try:  # before the node starts a thread or a process: each one it starts is inside the limit
+        limit = CpuTimeLimit(options.cpu_limit).__enter__()
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    try:
+        logging.getLogger("cotrain.node.runner").info("%s", limit.describe())
+        Node(options).run()
+    finally:
+        limit.__exit__(None, None, None)
     return 0

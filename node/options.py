@@ -41,6 +41,7 @@ class NodeOptions:
     log_every_s: float = 10.0
     #: a volunteer's limits (0 / False: none); see cotrain.node.limits
     max_cpus: int = 0
+    cpu_limit: float = 0.0
     #: run on these CPUs only (of those the process may use; empty: all of them), as ``taskset -c`` would
     cpus: tuple = ()
     max_memory: int = 0
@@ -110,6 +111,9 @@ FLAGS = (
     Flag("step_delay", float, "for benches and tests of stragglers: seconds added to every local step, as on a "
                               "slower machine", limits=(0, 60), hidden=True),
     Flag("max_cpus", int, "use at most this many CPUs", group="limits", limits=(0, float("inf"))),
+    Flag("cpu_limit", float, "use at most this much CPU time, in CPUs (0.5: half of one core), the node's helper "
+                             "processes included; enforced by a cgroup quota (needs root or a delegated cgroup)",
+         group="limits", limits=(0, float("inf"))),
     Flag("cpus", str, "run on these CPUs only (e.g. 0,1 or 0-3, as taskset -c); with --max-cpus, the first of them",
          group="limits", metavar="LIST", convert=parse_cpu_list),
     Flag("max_memory", str, "leave cleanly when using more memory than this (e.g. 4G), all its processes together "

@@ -45,6 +45,11 @@ from cotrain.footprint import Footprint, footprint
 
 logger = logging.getLogger(__name__)
 
+#: the node hands its freed heap back to the kernel at a new round, at most this often (seconds): a call costs the
+#: training thread 5-8 ms and the next step 10-40 ms of page faults, 0.4% of a 2 s round at H=10, and the heap
+#: fills again over minutes, not within a round (node.limits.release_freed_memory)
+TRIM_EVERY_S = 30.0
+
 #: how much nicer the training thread is than the node's networking (its DHT process and libp2p daemon, the
 #: progress board, the exchange, the averaging thread): when the CPUs are busy, the node's own steps must not starve
 #: the messages its peers wait for. 16 nodes on 2 cores, every thread at one priority, lost their board reads to
@@ -325,6 +330,7 @@ class Node:
         self.metrics.epoch = unit.epoch
         state = None
         started, last_log, last_status = time.monotonic(), time.monotonic(), 0.0
+        last_trim = -math.inf
         status_round = -1  # the round of the last status.json
         self.metrics.started = started
         status = TerminalStatus()
@@ -384,8 +390,9 @@ class Node:
                 status.update(f"step {self.metrics.step}  round {averaging.round}  loss {self.metrics.loss:.3f}  "
                               f"{self.metrics.samples_per_s:.1f} samples/s  group {averaging.stats.last_group_size}  "
                               f"sent {averaging.exchange.bytes_sent / 1e6:.1f} MB")
-            if averaging.round != status_round:
-                release_freed_memory()  # what the round's exchange and state left freed in the heap
+            if averaging.round != status_round and now - last_trim >= TRIM_EVERY_S:
+                last_trim = now
+                release_freed_memory()  # what the rounds' exchanges and states left freed in the heap
             if averaging.round != status_round or now - last_log >= self.options.log_every_s:
                 status_round = averaging.round
                 self._write_status()

@@ -35,6 +35,9 @@ def add_parser(subparsers) -> None:
     sim.add_argument("--cpus-per-node", type=float, default=0.0,
                      help="CPUs reserved per node, and its torch threads (default: the CPUs this process may "
                           "use / --nodes)")
+    sim.add_argument("--cpu-limit", action="store_true",
+                     help="enforce each node's CPUs (node join --cpu-limit: a cgroup quota, needs root), where Ray "
+                          "only reserves them: as if each node had a machine of that size")
     sim.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: a local instance)")
     sim.add_argument("--workdir", type=Path, default=None, help="keep state, checkpoints and logs here "
                                                                 "(default: a temporary folder, removed after)")
@@ -68,7 +71,8 @@ def cmd_simulate(args) -> int:
     (workdir / "run.toml").write_text(cfg.to_toml())
     console = Console(stderr=True)
     console.print(f"simulating {args.nodes} node(s) at {cpus:.2f} CPU each for {args.duration:.0f}s in {workdir}")
-    extra = ["--managed-nodes", str(args.nodes), "--managed-node-cpus", f"{cpus:g}"]
+    extra = ["--managed-nodes", str(args.nodes), "--managed-node-cpus", f"{cpus:g}",
+             *(["--managed-node-cpu-limit"] if args.cpu_limit else [])]
     if args.ray_address:
         extra += ["--ray-address", args.ray_address]
     coordinator, address = start_coordinator(workdir / "coordinator", workdir / "run.toml", extra=extra,

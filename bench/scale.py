@@ -30,6 +30,11 @@ runs compares the same amount of training. Columns:
 - ``heartbeat p99 ms``: the nodes' heartbeat round trips, 99th percentile of every one sampled;
 - ``val loss``: the shared model's validation loss (nats per byte) after the budget.
 
+``--cpu-per-node``: each node, all its processes, may use that much CPU time and no more (``node join --cpu-limit``,
+a cgroup quota; needs root), the same at every swarm size ("auto": 90% of the machine over the largest swarm), as if
+each node had a small machine of its own. Without it 4 nodes on two cores take half a core each and 32 a sixteenth,
+and ``round s`` at 32 against 4 says more about the machine than about the swarm.
+
 With ``--virtual``: ``records/read`` (a board read's records), ``DHT MB/node/min`` (what the board costs a peer,
 sent and received), ``busiest MB/min`` (served by the busiest replica of a board key), ``rounds/min`` (a peer's round
 counter), ``averaged/peer/min`` (contributions that went into a group's average; at most 60 / (H x step s), 12

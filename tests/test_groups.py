@@ -117,14 +117,14 @@ class FakeTransport:
                 self.board.lock.wait(left)
 
 
-def meet_all(plans: dict[str, list[str]], wait_s: float = 2.0, absent=()) -> dict:
+def meet_all(plans: dict[str, list[str]], wait_s: float = 2.0, absent=(), subset: bool = False) -> dict:
     """Every peer of ``plans`` (peer -> the group it planned) holds its meeting on one board, in its own thread."""
     board, outcomes = Board(), {}
 
     def one(me, members):
         mine = meeting(group=group_key(4, members))
         peers = {m: m for m in members if m != me}
-        outcomes[me] = hold_meeting(board.transport(me), me, mine, peers, wait_s, wait_s, admit_ok)
+        outcomes[me] = hold_meeting(board.transport(me), me, mine, peers, wait_s, wait_s, admit_ok, subset=subset)
 
     threads = [threading.Thread(target=one, args=item) for item in plans.items() if item[0] not in absent]
     for t in threads:
@@ -182,3 +182,34 @@ def test_a_peer_that_read_an_earlier_meeting_of_a_groupmate_does_not_go_with_it(
     for t in threads:
         t.join(30)
     assert outcomes["a"].ok and outcomes["b"].ok, outcomes
+
+
+def test_with_subset_the_planned_peers_that_came_and_agree_meet_without_the_others():
+    members = ["me", "a", "b", "c"]
+    key = group_key(4, members)
+    mine = meeting(group=key)
+    received = {"a": meeting(group=key).encode(), "b": None,
+                "c": meeting(group=group_key(4, ["me", "c"])).encode()}
+    outcome = meeting_outcome("me", mine, members, received, admit_ok, subset=True)
+    assert outcome.ok and set(outcome.meetings) == {"me", "a"}, outcome
+    assert "2 of the 4" in outcome.reason
+    assert not meeting_outcome("me", mine, members, received, admit_ok).ok  # all or nothing without it
+    # alone is no group, and a forged credential is no member
+    lonely = dict(received, a=meeting(group=key, cred=b"forged").encode())
+    outcome = meeting_outcome("me", mine, members, lonely, admit_ok, subset=True)
+    assert not outcome.ok and not outcome.meetings
+
+
+def test_with_subset_peers_go_without_a_planned_peer_that_does_not_come():
+    outcomes = meet_all({p: ["a", "b", "c"] for p in "abc"}, wait_s=0.5, absent={"c"}, subset=True)
+    assert set(outcomes) == {"a", "b"} and all(o.ok for o in outcomes.values()), outcomes
+    assert all(set(o.meetings) == {"a", "b"} for o in outcomes.values())
+
+
+def test_with_subset_the_agreeing_peers_go_and_the_one_with_another_plan_does_not():
+    # the case where, all or nothing, nobody of {a, b, c} went
+    outcomes = meet_all({"a": ["a", "b", "c"], "b": ["a", "b", "c"], "c": ["a", "b", "c", "d"]}, wait_s=0.5,
+                        subset=True)
+    assert outcomes["a"].ok and outcomes["b"].ok, outcomes
+    assert set(outcomes["a"].meetings) == set(outcomes["b"].meetings) == {"a", "b"}
+    assert not outcomes["c"].ok

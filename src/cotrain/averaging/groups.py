@@ -7,7 +7,8 @@ peer knows and cut into groups of ``target_group_size``) and then only check tha
 one: each publishes a small :class:`Meeting` (the group's key, its weight, its state hash and its credential) and
 fetches its groupmates' (:func:`meeting_outcome`). When they all agree the all-reduce starts at once, a round trip
 after the last groupmate got there; when they do not (a peer that joined between two board reads, one that left)
-the caller falls back to hivemind's matchmaking, which forms a group out of whoever is there.
+the caller falls back to hivemind's matchmaking, which forms a group out of whoever is there. A meeting held once
+the round's wait is over (``subset``) goes with the planned peers that came and agree, when they are two or more.
 """
 
 from __future__ import annotations
@@ -107,27 +108,44 @@ class Outcome:
 
 
 def meeting_outcome(me: str, mine: Meeting, members: Sequence[str], received: Mapping[str, Optional[bytes]],
-                    admitted) -> Outcome:
+                    admitted, subset: bool = False) -> Outcome:
     """Whether a planned group met: every groupmate's meeting arrived, is one, names this round and the same group,
-    and carries a credential ``admitted(peer, cred)`` accepts. -> the outcome, with the reason in words."""
+    and carries a credential ``admitted(peer, cred)`` accepts. -> the outcome, with the reason in words.
+
+    ``subset``: the planned peers that did so meet without the others, when they are two at least (this one
+    included). Every peer that planned the same group planned the same members (the group's key names them), so
+    they all fetch the same meetings; whether they all got the same ones is :func:`hold_meeting`'s answers' to
+    check. For a meeting held when peers had every chance to come (the round's wait is over, or a groupmate already
+    averages): at 32 nodes on a sharded board, read every 4 s, views of who is at a round differed so often that
+    618 all-or-nothing meetings failed against 40 rounds averaged."""
     meetings = {me: mine}
+    failures: list[Outcome] = []
     for peer in members:
         if peer == me:
             continue
         data = received.get(peer)
         if not data:  # nothing yet, or its meeting withdrawn (it did not fill; it will meet again)
-            return Outcome(False, f"peer {peer[-8:]} did not come to the round's meeting", {})
+            failures.append(Outcome(False, f"peer {peer[-8:]} did not come to the round's meeting", {}))
+            continue
         try:
             meeting = Meeting.decode(data)
         except ValueError as e:
-            return Outcome(False, f"peer {peer[-8:]} sent no meeting ({e})", {})
+            failures.append(Outcome(False, f"peer {peer[-8:]} sent no meeting ({e})", {}))
+            continue
         if meeting.round != mine.round or meeting.group != mine.group:
-            return Outcome(False, f"peer {peer[-8:]} planned another group (round {meeting.round})", {},
-                           disagreed=True)
+            failures.append(Outcome(False, f"peer {peer[-8:]} planned another group (round {meeting.round})", {},
+                                    disagreed=True))
+            continue
         if not admitted(peer, meeting.cred):
-            return Outcome(False, f"peer {peer[-8:]} has no valid credential", {})
+            failures.append(Outcome(False, f"peer {peer[-8:]} has no valid credential", {}))
+            continue
         meetings[peer] = meeting
-    return Outcome(True, f"all {len(members)} planned peers met", meetings)
+    if not failures:
+        return Outcome(True, f"all {len(members)} planned peers met", meetings)
+    if subset and len(meetings) >= 2:
+        return Outcome(True, f"{len(meetings)} of the {len(members)} planned peers met ({failures[0].reason})",
+                       meetings)
+    return failures[0]
 
 
 class Transport(Protocol):
@@ -173,24 +191,26 @@ WITHDRAWN = b""
 
 def hold_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[str, Any], wait_s: float,
                  go_wait_s: float, admitted: Callable[[str, bytes], bool],
-                 stop: Optional[threading.Event] = None) -> Outcome:
+                 stop: Optional[threading.Event] = None, subset: bool = False) -> Outcome:
     """This peer's side of a board group's meeting: publish ``mine``, fetch every planned groupmate's (``peers``: id
     -> transport address, ``me`` excluded) for up to ``wait_s``, decide (:func:`meeting_outcome`), then answer
     which meetings it met and hear the others' answers (up to ``go_wait_s``). The group goes only when every member
     met the same meetings (:func:`meeting_view`), so that a peer whose fetch failed (a groupmate it could not reach
     yet) does not fall back while the others start without it, and a peer that read a groupmate's earlier meeting
     of the round (``Meeting.attempt``) does not go with one that met its later one. A meeting is published under
-    the round's tag and each answer under its attempt: answers never change once given."""
+    the round's tag and each answer under its attempt: answers never change once given. ``subset``: the planned
+    peers that came and agree go without the others (:func:`meeting_outcome`); the answers asked for are theirs."""
     tag = f"meet-r{mine.round}"
     transport.publish(tag, f"{tag}/meeting", mine.encode())
     received = fetch_until(transport, peers, f"{tag}/meeting", wait_s, stop)
-    outcome = meeting_outcome(me, mine, [me, *peers], received, admitted)
+    outcome = meeting_outcome(me, mine, [me, *peers], received, admitted, subset=subset)
     view = meeting_view(outcome.meetings) if outcome.ok else NO_GO
     transport.publish(tag, f"{tag}/go/{mine.attempt}", view)
     if outcome.ok:
-        answers = transport.fetch_many([(peers[p], f"{tag}/go/{outcome.meetings[p].attempt}") for p in peers],
+        met = [p for p in peers if p in outcome.meetings]
+        answers = transport.fetch_many([(peers[p], f"{tag}/go/{outcome.meetings[p].attempt}") for p in met],
                                        wait_s=go_wait_s)
-        for peer, answer in zip(peers, answers):
+        for peer, answer in zip(met, answers):
             if answer != view:
                 why = ("no answer" if answer is None else "its meeting failed" if answer == NO_GO else
                        "it met other meetings of the round than we did")

@@ -594,14 +594,18 @@ class RoundAverager(abc.ABC):
             return self.admission.check(cred, peer, "a place in an averaging group").ok
 
         self._meeting_held = True
+        # the early meeting (this peer just took its H steps) waits for all its planned groupmates, or trains on
+        # while round_decision waits for the slower ones; a later one (the round's wait is over, or a groupmate
+        # already averages) goes with the planned peers that came and agree, two at least
         outcome = hold_meeting(self.exchange, self.peer_id, mine, peers, self.cfg.matchmaking_time,
-                               self.cfg.request_timeout, admitted, self._stop)
+                               self.cfg.request_timeout, admitted, self._stop, subset=not launch.early)
         if not outcome.ok:
             logger.info("round %d: the board's group did not meet (%s)", launch.round, outcome.reason)
             return None, outcome.reason, outcome.disagreed
         info = {peer: dict(round=m.round, samples=m.samples, hash=m.hash, reducer=m.reducer)
                 for peer, m in outcome.meetings.items()}
-        group = sorted([PeerID.from_base58(self.peer_id), *peers.values()], key=str)
+        group = sorted([PeerID.from_base58(self.peer_id), *(peers[m] for m in outcome.meetings if m in peers)],
+                       key=str)
         return (group, info), "", False
 
     def _matchmake(self, weight: float, launch: PendingRound) -> tuple[Optional[tuple[list, dict]], str]:

@@ -15,6 +15,7 @@ volunteer need not type them each time; flags on the command line win over the f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -128,16 +129,12 @@ def cmd_join(args) -> int:
             choose_cpus(os.sched_getaffinity(0), options.cpus)
         except ValueError as e:
             raise SystemExit(str(e)) from None
-    if not options.cpu_limit:
+    with contextlib.ExitStack() as stack:
+        if options.cpu_limit:  # before the node starts a thread or a process: each one it starts is inside it
+            try:
+                limit = stack.enter_context(CpuTimeLimit(options.cpu_limit))
+            except ValueError as e:
+                raise SystemExit(str(e)) from None
+            logging.getLogger("cotrain.node.runner").info("%s", limit.describe())
         Node(options).run()
-        return 0
-    try:  # before the node starts a thread or a process: each one it starts is inside the limit
-        limit = CpuTimeLimit(options.cpu_limit).__enter__()
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
-    try:
-        logging.getLogger("cotrain.node.runner").info("%s", limit.describe())
-        Node(options).run()
-    finally:
-        limit.__exit__(None, None, None)
     return 0

@@ -260,7 +260,7 @@ def release_freed_memory() -> bool:
     releases the free pages inside the heap, not only at its top as malloc does by itself. -> whether glibc released
     any (elsewhere than glibc: False, nothing done).
 
-    A node calls it once a round. Its freed memory is what the warm start's download, a state transfer, an
+    A node calls it at a new round, at most every 30 s (``runner.TRIM_EVERY_S``). Its freed memory is what the warm start's download, a state transfer, an
     all-reduce's buffers and a checkpoint's serialization left in the middle of the heap: in the 4-node demo a node's
     main process went from 284 to 148 MB PSS at one call, and once a round it stays at 220-226 MB while training
     (166 MB just after a call: the rest is a step's activations, about 60 MB, which every step needs again). The

@@ -117,7 +117,7 @@ def meeting_outcome(me: str, mine: Meeting, members: Sequence[str], received: Ma
     they all fetch the same meetings; whether they all got the same ones is :func:`hold_meeting`'s answers' to
     check. For a meeting held when peers had every chance to come (the round's wait is over, or a groupmate already
     averages): at 32 nodes on a sharded board, read every 4 s, views of who is at a round differed so often that
-    618 all-or-nothing meetings failed against 40 rounds averaged."""
+    618 all-or-nothing meetings failed against 39 rounds applied."""
     meetings = {me: mine}
     failures: list[Outcome] = []
     for peer in members:

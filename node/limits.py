@@ -94,20 +94,31 @@ def cpu_quota(cpu_max: Optional[str]) -> Optional[float]:
     return quota / period if quota > 0 and period > 0 else None
 
 
+def own_cgroups(proc_cgroup: Path = Path("/proc/self/cgroup")) -> tuple[Optional[str], Optional[str]]:
+    """This process's cgroups as ``/proc/self/cgroup`` names them, without the leading "/": (the one of cgroup v1's
+    cpu hierarchy, the cgroup v2 one); None where it has none. Raises OSError when the file cannot be read."""
+    own_v1 = own_v2 = None
+    for line in proc_cgroup.read_text().splitlines():
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        if controllers == "":
+            own_v2 = path.lstrip("/")
+        elif "cpu" in controllers.split(","):
+            own_v1 = path.lstrip("/")
+    return own_v1, own_v2
+
+
 def read_cpu_max(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")) -> Optional[str]:
     """This process's cgroup CPU quota as cgroup v2's ``cpu.max`` writes it ("QUOTA PERIOD" or "max PERIOD"), the
     tightest of its own cgroup and the root one seen from here (a container's), or None when there is none. Read
     from cgroup v1's ``cpu.cfs_quota_us`` and ``cpu.cfs_period_us`` where there is no v2 ``cpu.max``."""
-    own_v2, own_v1 = "", ""
     try:
-        for line in proc_cgroup.read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if controllers == "":
-                own_v2 = path.lstrip("/")
-            elif "cpu" in controllers.split(","):
-                own_v1 = path.lstrip("/")
-    except (OSError, ValueError):
-        pass
+        own_v1, own_v2 = own_cgroups(proc_cgroup)
+    except OSError:
+        own_v1 = own_v2 = None
+    own_v1, own_v2 = own_v1 or "", own_v2 or ""
     texts = []
     for folder in {root, root / own_v2}:
         try:
@@ -309,15 +320,9 @@ class CpuTimeLimit:
 
     def _parent(self) -> tuple[Path, str]:
         """The cgroup this process is in, as a folder, and its kind: "v1" (a cpu hierarchy of its own) or "v2"."""
-        own_v1 = own_v2 = None
         try:
-            for line in self.proc_cgroup.read_text().splitlines():
-                _, controllers, path = line.split(":", 2)
-                if controllers == "":
-                    own_v2 = path.lstrip("/")
-                elif "cpu" in controllers.split(","):
-                    own_v1 = path.lstrip("/")
-        except (OSError, ValueError) as e:
+            own_v1, own_v2 = own_cgroups(self.proc_cgroup)
+        except OSError as e:
             raise ValueError(f"--cpu-limit: cannot read this process's cgroup ({self.proc_cgroup}: {e})") from None
         if own_v1 is not None and (self.root / "cpu" / own_v1 / "cpu.cfs_quota_us").exists():
             return self.root / "cpu" / own_v1, "v1"

@@ -17,16 +17,18 @@ class FetchRequest(_message.Message):
     def __init__(self, key: _Optional[str] = ..., wait_s: _Optional[float] = ..., credential: _Optional[bytes] = ...) -> None: ...
 
 class FetchChunk(_message.Message):
-    __slots__ = ("data", "found", "total", "refused")
+    __slots__ = ("data", "found", "total", "refused", "use_stream")
     DATA_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    USE_STREAM_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     found: bool
     total: int
     refused: str
-    def __init__(self, data: _Optional[bytes] = ..., found: _Optional[bool] = ..., total: _Optional[int] = ..., refused: _Optional[str] = ...) -> None: ...
+    use_stream: bool
+    def __init__(self, data: _Optional[bytes] = ..., found: _Optional[bool] = ..., total: _Optional[int] = ..., refused: _Optional[str] = ..., use_stream: _Optional[bool] = ...) -> None: ...
 
 class Credential(_message.Message):
     __slots__ = ("run_id", "node_id", "peer_id", "record_public_key", "role", "issued_unix", "expires_unix")

@@ -1,0 +1,85 @@
+"""The exchange between two real peers (hivemind DHTs and libp2p daemons on 127.0.0.1, in one process): small pieces
+go as one request and one answer, large ones and states as streams, and both ways refuse a requester that is not a
+member."""
+
+import threading
+
+import pytest
+
+from cotrain.averaging import Admission, Exchange, start_dht
+from cotrain.averaging.admission import new_private_key
+from cotrain.averaging.exchange import UNARY_MAX_BYTES
+
+pytestmark = pytest.mark.swarm
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """Two peers that admit everyone, and two more exchanges on the same two DHTs: one that admits nobody without a
+    credential of a coordinator (whose key nobody here holds), and a stranger with none. Two exchanges on one DHT
+    each hold a connection of their own to its daemon (hivemind's replica is one per process, bound to one loop)."""
+    keys = tmp_path_factory.mktemp("keys")
+    a = start_dht(identity_path=str(keys / "a.key"))
+    b = start_dht([str(m) for m in a.get_visible_maddrs()], identity_path=str(keys / "b.key"))
+    open_to_all = Admission("exchange", None, enabled=False)
+    guarded = Admission("exchange", new_private_key().public_key(), enabled=True)
+    out = [Exchange(a, "open", open_to_all), Exchange(b, "open", open_to_all),
+           Exchange(a, "guarded", open_to_all), Exchange(b, "guarded", guarded)]
+    try:
+        yield out
+    finally:
+        for e in out:
+            e.shutdown(linger_s=0)
+        b.shutdown()
+        a.shutdown()
+
+
+def test_a_small_piece_is_one_request_and_a_large_one_a_stream(pair):
+    fetcher, server, _, _ = pair
+    small, large, empty = b"s" * 1000, bytes(range(256)) * (UNARY_MAX_BYTES // 256 + 5), b""
+    server.publish("t1", "t1/small", small)
+    server.publish("t1", "t1/large", large)
+    server.publish("t1", "t1/empty", empty)
+    before, received = dict(server.served), fetcher.bytes_received
+    got = fetcher.fetch_many([(server.peer_id, "t1/small"), (server.peer_id, "t1/large"),
+                              (server.peer_id, "t1/empty")], wait_s=5)
+    assert got == [small, large, empty]
+    assert server.served["unary"] - before["unary"] == 2  # the small piece and the empty one
+    assert server.served["stream"] - before["stream"] == 1  # the large one
+    assert fetcher.bytes_received - received == len(small) + len(large)
+
+
+def test_a_request_for_a_piece_not_yet_published_waits_for_it(pair):
+    fetcher, server, _, _ = pair
+    timer = threading.Timer(0.5, server.publish, args=("t2", "t2/late", b"late"))
+    timer.start()
+    try:
+        assert fetcher.fetch_many([(server.peer_id, "t2/late")], wait_s=10) == [b"late"]
+        assert fetcher.fetch_many([(server.peer_id, "t2/never")], wait_s=0.3) == [None]
+    finally:
+        timer.cancel()
+
+
+def test_states_stream_with_progress(pair):
+    fetcher, server, _, _ = pair
+    state = b"z" * 600_000
+    server.provide("state", lambda: state)
+    seen = []
+    before = dict(server.served)
+    got = fetcher.fetch(server.peer_id, "state", wait_s=0, timeout=30, state=True,
+                        on_progress=lambda n, total: seen.append((n, total)))
+    assert got == state and seen[-1] == (len(state), len(state)) and len(seen) >= 2
+    assert server.served == before  # a state is counted apart from the all-reduce's pieces
+    assert fetcher.state_bytes_received >= len(state)
+
+
+def test_a_stranger_is_refused_both_ways(pair):
+    _, _, stranger, members_only = pair
+    members_only.publish("t3", "t3/small", b"s" * 100)
+    members_only.publish("t3", "t3/large", b"l" * (UNARY_MAX_BYTES + 1))
+    refused = members_only.admission.refused
+    got = stranger.fetch_many([(members_only.peer_id, "t3/small"), (members_only.peer_id, "t3/large")], wait_s=2)
+    assert got == [None, None]
+    assert members_only.admission.refused - refused >= 2
+    assert stranger.refusals_received >= 2
+    assert members_only.served == {"unary": 0, "stream": 0} and members_only.bytes_sent == 0

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from cotrain.averaging.allreduce import weighted_mean
-from cotrain.averaging.robust import build_aggregator, capped_weights, centered_clip, clipped_mean, trimmed_mean
+from cotrain.averaging.robust import (build_aggregator, capped_weights, centered_clip, clipped_mean, lower_median,
+                                      trimmed_mean)
 
 
 def honest_and_attacker(attack: str, n_honest: int = 4, dim: int = 1000):
@@ -134,3 +135,12 @@ def test_clipped_mean_is_pure():
     first = clipped_mean(parts, [1.0, 2.0, 3.0, 4.0, 5.0])
     assert all(torch.equal(p, c) for p, c in zip(parts, copies))
     assert torch.equal(first, clipped_mean(copies, [1.0, 2.0, 3.0, 4.0, 5.0]))
+
+
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 8, 9])
+def test_lower_median_is_torchs_median_across_rows(rows):
+    torch.manual_seed(rows)
+    stacked = torch.randn(rows, 1000)
+    stacked[:, :100] = stacked[0, :100]  # ties
+    stacked[:, 100:200] = torch.randint(-2, 3, (rows, 100)).float()
+    assert torch.equal(lower_median(stacked), stacked.median(dim=0).values)

@@ -48,6 +48,15 @@ def capped_weights(weights: list[float]) -> list[float]:
     return [min(w, cap) for w in weights]
 
 
+def lower_median(stacked: torch.Tensor) -> torch.Tensor:
+    """The coordinate-wise median of the rows (the lower of the two middle values for an even count), as
+    ``stacked.median(dim=0)`` gives it, in a third to a half of its time: torch's median across rows is slow, and a
+    round's aggregation ran it on every part (4 x 6,300 values: 710 us against 220 sorted; 2 rows: a minimum)."""
+    if len(stacked) == 2:
+        return torch.minimum(stacked[0], stacked[1])
+    return stacked.sort(dim=0).values[(len(stacked) - 1) // 2]
+
+
 def centered_clip(parts: list[torch.Tensor], weights: list[float], tau: float = 0.0,
                   iterations: int = 3) -> torch.Tensor:
     """CenteredClip from the coordinate-wise median, weights capped at the median weight (:func:`capped_weights`)."""
@@ -56,7 +65,7 @@ def centered_clip(parts: list[torch.Tensor], weights: list[float], tau: float = 
     stacked = torch.stack(parts)
     w = torch.tensor(capped_weights(weights), dtype=stacked.dtype)
     w = w / w.sum()
-    v = stacked.median(dim=0).values
+    v = lower_median(stacked)
     if tau <= 0:
         tau = float((stacked - v).norm(dim=1).median()) or 1e-12
     for _ in range(iterations):

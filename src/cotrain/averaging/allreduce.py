@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from cotrain.averaging.exchange import Exchange
+from cotrain.averaging.exchange import UNARY_MAX_BYTES, Exchange
 from cotrain.compression import Codec
 
 Aggregator = Callable[[list[torch.Tensor], list[float]], torch.Tensor]
@@ -112,7 +112,9 @@ def butterfly_allreduce(exchange: Exchange, tag: str, group: Sequence, me, vecto
         own_result = struct.pack("<I", parts_in) + encoded_result
     # gather every reduced part
     requests = [(group[j], f"{tag}/out/{j}") for j in reducing if j != mine]
-    fetched = dict(zip([j for j in reducing if j != mine], exchange.fetch_many(requests, wait_s=timeout)))
+    large = max(b - a for a, b in bounds) * 4 > UNARY_MAX_BYTES  # a part as fp32, the most any codec sends
+    fetched = dict(zip([j for j in reducing if j != mine], exchange.fetch_many(requests, wait_s=timeout,
+                                                                               large=large)))
     if mine in reducing:
         fetched[mine] = own_result
     for j in reducing:
@@ -135,7 +137,7 @@ def _reduce_part(exchange: Exchange, tag: str, group: list, names: list[str], mi
     (contributions aggregated, the encoded result). Contributions left out are named in ``dropped``."""
     a, b = bounds
     others = [(p, f"{tag}/in/{mine}/{name}") for p, name in zip(group, names) if name != names[mine]]
-    fetched = exchange.fetch_many(others, wait_s=timeout)
+    fetched = exchange.fetch_many(others, wait_s=timeout, large=(b - a) * 4 > UNARY_MAX_BYTES)
     parts, weights = [], []
     for name, payload in zip(names, _insert(fetched, mine, struct.pack("<d", weight) + own)):
         if payload is None:

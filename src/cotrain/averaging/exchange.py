@@ -37,12 +37,14 @@ from cotrain.v1 import swarm_pb2 as pb
 logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 18  # hivemind streams parts of at most 512 KiB itself; stay well below
-#: the largest piece sent as one answer to one request. A unary call costs the daemons about half the CPU of a stream
-#: and Python a third (1,000 fetches of 200 bytes on loopback: 0.9 against 1.9 ms of daemon CPU a fetch, 0.4 against
-#: 1.5 ms of Python's); a round's meetings and small all-reduce parts are a dozen fetches a peer, and with 4 nodes on
-#: 2 cores the CPU they took was the round's time. Larger pieces stream in chunks, so that no answer nears the
-#: daemon's limit on one message (4 MiB) and a state download can report progress
-UNARY_MAX_BYTES = 1 << 20
+#: the largest piece sent as one answer to one request. For small pieces a unary call costs the daemons about half
+#: the CPU of a stream and Python a third (1,000 fetches of 200 bytes on loopback: 0.9 against 1.9 ms of daemon CPU a
+#: fetch, 0.4 against 1.5 ms of Python's); a round's meetings and small all-reduce parts are a dozen fetches a peer,
+#: and with 4 nodes on 2 cores the CPU they took was the round's time. Per byte the persistent connection costs the
+#: daemon more than a stream does, so the two cross near 150 KB (daemon + Python CPU a fetch, unary against stream:
+#: 100 KB 3.3 / 4.6 ms, 300 KB 8.2 / 5.6 ms, 1 MB 22 / 12.5 ms): larger pieces stream in chunks, as do state
+#: downloads (which report progress)
+UNARY_MAX_BYTES = 1 << 17
 #: what talking to a peer raises when the peer died, its daemon refused, or the stream broke or came garbled: part of
 #: a swarm's life (the piece is missing, the round goes on without it), not a fault of this peer's
 PEER_ERRORS = (P2PDaemonError, P2PHandlerError, OSError, EOFError, DecodeError)
@@ -231,11 +233,13 @@ class Exchange:
 
     # ---- fetching ------------------------------------------------------------------------------------------------
     async def _fetch(self, peer: PeerID, key: str, wait_s: float,
-                     on_progress: Optional[Callable[[int, int], None]] = None, state: bool = False) -> Optional[bytes]:
+                     on_progress: Optional[Callable[[int, int], None]] = None, state: bool = False,
+                     large: bool = False) -> Optional[bytes]:
         """A piece, or None. An all-reduce piece is asked for in one request first; the answer is the piece, or that
-        it is to be streamed (it is large). States always stream (they are large, and report progress)."""
+        it is to be streamed (it is large). States, and pieces the caller expects to be ``large`` (more than
+        ``UNARY_MAX_BYTES``), stream at once."""
         request = pb.FetchRequest(key=key, wait_s=wait_s, credential=self.admission.credential())
-        if not state and on_progress is None:
+        if not state and not large and on_progress is None:
             try:
                 answer = await self.p2p.call_protobuf_handler(peer, self.unary_name, request, pb.FetchChunk)
             except P2PDaemonError as e:  # its daemon refused the call (a peer of a version without it): stream
@@ -266,36 +270,38 @@ class Exchange:
     async def _fetch_stream(self, peer: PeerID, request: pb.FetchRequest,
                             on_progress: Optional[Callable[[int, int], None]], state: bool) -> Optional[bytes]:
         key = request.key
-        out = bytearray()
-        total = 0
+        pieces: list[bytes] = []  # joined once at the end: one copy of the piece, not one per chunk
+        size = total = 0
         try:
             stream = await self.p2p.iterate_protobuf_handler(peer, self.handler_name, request, pb.FetchChunk)
-            chunks = 0
             async for chunk in stream:
                 if not chunk.found:
                     if chunk.refused:
                         self._log_refused(peer, chunk.refused[:200])
                     return None
-                out += chunk.data
-                chunks += 1
+                pieces.append(chunk.data)
+                size += len(chunk.data)
                 total = total or chunk.total
                 if state:
                     self.state_bytes_received += len(chunk.data)
                 else:
                     self.bytes_received += len(chunk.data)
+                if size > total:  # more than the peer announced: not a piece of ours (no end to it otherwise)
+                    logger.info("fetch %s from %s: more than the %d bytes announced", key, str(peer)[-8:], total)
+                    return None
                 if on_progress is not None:
-                    on_progress(len(out), total)
+                    on_progress(size, total)
         except PEER_ERRORS as e:  # the peer died, its daemon refused, the stream broke
             logger.debug("fetch %s from %s failed: %r", key, peer, e)
             return None
         except Exception as e:  # noqa: BLE001 - no dying peer explains it: counted, the first of a kind logged
             self._unexpected_fetch_error(key, peer, e)
             return None
-        if not chunks or len(out) != total:
+        if not pieces or size != total:
             # the stream closed early (the peer is going away, or the link broke): never hand on a truncated piece
-            logger.info("fetch %s from %s: got %d of %d bytes", key, str(peer)[-8:], len(out), total)
+            logger.info("fetch %s from %s: got %d of %d bytes", key, str(peer)[-8:], size, total)
             return None
-        return bytes(out)
+        return b"".join(pieces)
 
     def _unexpected_fetch_error(self, key: str, peer: PeerID, error: Exception) -> None:
         kind = type(error).__name__
@@ -311,13 +317,16 @@ class Exchange:
             self._last_refused_log = now
             logger.warning("peer ...%s refused our request: %s", str(peer)[-8:], reason)
 
-    def fetch_many(self, requests: Sequence[tuple[PeerID, str]], wait_s: float) -> list[Optional[bytes]]:
-        """Fetch every (peer, key) concurrently; None for a piece that did not come within ``wait_s``."""
+    def fetch_many(self, requests: Sequence[tuple[PeerID, str]], wait_s: float,
+                   large: bool = False) -> list[Optional[bytes]]:
+        """Fetch every (peer, key) concurrently; None for a piece that did not come within ``wait_s``. ``large``: the
+        pieces are expected to be larger than ``UNARY_MAX_BYTES`` (they stream at once; a wrong guess costs only
+        speed)."""
 
         async def one(peer: PeerID, key: str) -> Optional[bytes]:
             deadline = time.monotonic() + wait_s
             for attempt in range(3):  # a broken stream is retried while time remains
-                data = await self._fetch(peer, key, max(0.0, deadline - time.monotonic()))
+                data = await self._fetch(peer, key, max(0.0, deadline - time.monotonic()), large=large)
                 if data is not None or time.monotonic() >= deadline:
                     return data
                 await asyncio.sleep(0.2 * (attempt + 1))

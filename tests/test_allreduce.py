@@ -17,14 +17,14 @@ def peers(tmp_path_factory):
         yield three
 
 
-def run_all(exchanges, tag, vectors, weights, codec, timeout, skip=(), reducers=None):
+def run_all(exchanges, tag, vectors, weights, codec, timeout, skip=(), reducers=None, min_part_values=0):
     group = sorted((e.peer_id for e in exchanges), key=str)
     results = [None] * len(exchanges)
 
     def one(i):
         try:
             results[i] = butterfly_allreduce(exchanges[i], tag, group, exchanges[i].peer_id, vectors[i], weights[i],
-                                             codec, timeout, reducers=reducers)
+                                             codec, timeout, reducers=reducers, min_part_values=min_part_values)
         except AllReduceFailed as e:
             results[i] = e
 
@@ -87,3 +87,22 @@ def test_peers_nobody_can_dial_reduce_no_part_and_still_average(peers):
     # the reducer sends the whole average to the two others; each of them sends only its contribution
     assert sent[reducer] > 2 * 5_000 * 4
     assert all(5_000 * 4 <= v < 1.1 * 5_000 * 4 for k, v in sent.items() if k != reducer), sent
+
+
+@pytest.mark.parametrize("min_part_values, reducers", [(4_000, 2), (20_000, 1)])
+def test_a_small_vector_is_reduced_by_fewer_peers(peers, min_part_values, reducers):
+    torch.manual_seed(3)
+    numel = 10_001
+    vectors = [torch.randn(numel) for _ in peers]
+    tag = f"t-few-{reducers}"
+    before = [(e.bytes_sent, e.served["unary"] + e.served["stream"]) for e in peers]
+    results = run_all(peers, tag, vectors, [1.0, 2.0, 1.0], NoCompression(), timeout=20,
+                      min_part_values=min_part_values)
+    expected = (vectors[0] + 2 * vectors[1] + vectors[2]) / 4
+    for r in results:
+        assert r.complete and torch.equal(r.average, results[0].average)
+        assert torch.allclose(r.average, expected, atol=1e-5)
+    served = [e.served["unary"] + e.served["stream"] - b for e, (_, b) in zip(peers, before)]
+    # a reducer serves its result to the 2 others and its contribution to the other reducers; a peer that reduces
+    # nothing serves its contribution to every reducer
+    assert sorted(served) == sorted([reducers + 1] * reducers + [reducers] * (3 - reducers)), served

@@ -185,6 +185,13 @@ class AveragingConfig(_Section):
     #: drop the trim_fraction largest and smallest per coordinate (at 0.2, groups under 5 get the plain mean).
     #: Every weighted aggregator but "mean" caps each peer's claimed sample weight at the group's median.
     aggregation: Literal["mean", "clipped_mean", "trimmed_mean", "centered_clip"] = "centered_clip"
+    #: the fewest values (of the flat update) one member of a group reduces: a small update is reduced by fewer
+    #: members, a tiny one by one (in turn, round to round), a large one by every member others can dial (the
+    #: butterfly). Every reducer costs each groupmate two requests; below ~100 KB a part's requests cost more than
+    #: its bytes (bench/rounds.py). 0: every dialable member reduces a part, whatever the size. A reducer sees the
+    #: contributions to its part and could return anything for it: with fewer reducers, one dishonest member that
+    #: reduces spoils more of a round (aggregation guards against dishonest contributions, not reducers)
+    min_part_values: int = Field(65536, ge=0)
     trim_fraction: float = Field(0.2, ge=0.0, lt=0.5)
     clip_tau: float = Field(0.0, ge=0.0)
     #: clipped_mean: each contribution clipped to this multiple of the group's median norm; above the spread of

@@ -1,6 +1,7 @@
 """Butterfly all-reduce over the :class:`Exchange`, with a pluggable codec and aggregator.
 
-The group (sorted peer ids) splits the vector into one part per peer; peer i reduces part i:
+The group (sorted peer ids) splits the vector into one part per reducer; reducer i reduces part i (every peer, or
+for a small vector fewer of them, :func:`choose_reducers`):
 
 1. every peer publishes its encoded part j (with its weight) for reducer j;
 2. reducer i fetches part i from every groupmate, decodes, aggregates them (weighted mean, or a robust
@@ -49,6 +50,26 @@ def reducer_flags(n: int, reducers: Optional[Sequence[bool]]) -> list[bool]:
     return [bool(r) for r in reducers] if reducers is not None and any(reducers) else [True] * n
 
 
+def choose_reducers(n: int, reducers: Optional[Sequence[bool]], numel: int, min_part_values: int,
+                    tag: str) -> list[bool]:
+    """Who reduces a part of a vector of ``numel`` values: as many of the dialable peers (:func:`reducer_flags`) as
+    give every part ``min_part_values`` values at least (one at the least; 0: all of them), taken in turn from a
+    place the round's ``tag`` sets, so that the work moves round to round. Every member computes the same.
+
+    Each reducer costs every member a request for its result, and each member costs it a request for its part: a
+    butterfly of n reducers is 2 n (n - 1) requests, one reducer 2 (n - 1). For a small vector the requests are the
+    round's cost (on loopback a request takes 1-2 ms of CPU, moving 100 KB about as much), for a large one the bytes
+    are, and the butterfly spreads those evenly."""
+    dialable = [i for i, r in enumerate(reducer_flags(n, reducers)) if r]
+    if min_part_values <= 0:
+        count = len(dialable)
+    else:
+        count = max(1, min(len(dialable), numel // min_part_values))
+    start = int(hashlib.sha1(tag.encode()).hexdigest()[:8], 16) % len(dialable)
+    chosen = {dialable[(start + k) % len(dialable)] for k in range(count)}
+    return [i in chosen for i in range(n)]
+
+
 def part_bounds(numel: int, n: int, reducers: Optional[Sequence[bool]] = None) -> list[tuple[int, int]]:
     """Peer i reduces [a_i, b_i): equal parts for the reducers, empty ones for the others."""
     reducers = reducer_flags(n, reducers)
@@ -83,14 +104,15 @@ class AllReduceResult:
 
 def butterfly_allreduce(exchange: Exchange, tag: str, group: Sequence, me, vector: torch.Tensor, weight: float,
                         codec: Codec, timeout: float, aggregator: Aggregator = weighted_mean,
-                        reducers: Optional[Sequence[bool]] = None) -> AllReduceResult:
+                        reducers: Optional[Sequence[bool]] = None, min_part_values: int = 0) -> AllReduceResult:
     """Average ``vector`` (flat float32) with ``group`` (PeerIDs, the same order on every peer, ``me`` among them).
-    ``reducers``: which peers others can dial (the same on every peer; None: all)."""
+    ``reducers``: which peers others can dial (the same on every peer; None: all). ``min_part_values``: the fewest
+    values a reducer's part may hold (:func:`choose_reducers`; 0: every dialable peer reduces a part)."""
     started = time.monotonic()
     group = list(group)
     names = [str(p) for p in group]
     n, mine = len(group), names.index(str(me))
-    flags = reducer_flags(n, reducers)
+    flags = choose_reducers(n, reducers, vector.numel(), min_part_values, tag)
     bounds = part_bounds(vector.numel(), n, flags)
     reducing = [j for j in range(n) if flags[j]]
     vector = vector.detach().float().cpu().reshape(-1)

@@ -688,7 +688,8 @@ class RoundAverager(abc.ABC):
             like = [t.detach().cpu().clone() for t in self._all_shared()]
         flat = torch.cat([t.float().reshape(-1) for t in like])
         result = butterfly_allreduce(self.exchange, tag, group, me, flat, 1.0, NoCompression(),
-                                     self.cfg.allreduce_timeout, self.aggregator or weighted_mean, reducers)
+                                     self.cfg.allreduce_timeout, self.aggregator or weighted_mean, reducers,
+                                     self.cfg.min_part_values)
         self._flag(result)
         return _unflatten(result.average, like)
 
@@ -703,7 +704,7 @@ class RoundAverager(abc.ABC):
                 if self.attack is not None:
                     vector = self.attack(vector)
                 result = butterfly_allreduce(self.exchange, f"{tag}-{phase}", group, me, vector, weight, self.codec,
-                                             timeout, self.aggregator, reducers)
+                                             timeout, self.aggregator, reducers, self.cfg.min_part_values)
                 complete = complete and result.complete
                 self._flag(result)
                 return result.average
@@ -723,7 +724,7 @@ class RoundAverager(abc.ABC):
                                       self.cfg.aggregation, self.cfg.clip_multiple, reducers)
         else:
             result = butterfly_allreduce(self.exchange, tag, group, me, sent, weight, self.codec, timeout,
-                                         self.aggregator, reducers)
+                                         self.aggregator, reducers, self.cfg.min_part_values)
         self._flag(result)
         if use_feedback and self.feedback_in_params:
             self.residual = _unflatten(flat - result.sent, contribution)

@@ -4,12 +4,13 @@ Every peer publishes pieces under string keys; its groupmates fetch them. A piec
 travels as one request and one answer (``FetchRequest`` -> ``FetchChunk``, a unary call over the persistent
 connection each process keeps to its libp2p daemon); larger ones and state downloads as a stream of chunks, which
 costs a new connection to the daemon at both ends. A fetch for a piece not published yet waits for it up to
-``wait_s``, so peers that reach a phase at slightly different times still meet. Every byte served and fetched is counted: these are the bytes the node
-actually put on, and took off, the wire: ``bytes_sent``/``bytes_received`` for averaging, ``state_bytes_sent``/
-``state_bytes_received`` for the shared state served to joining peers and the coordinator's checkpointer.
+``wait_s``, so peers that reach a phase at slightly different times still meet. Every byte served and fetched is
+counted: these are the bytes the node actually put on, and took off, the wire: ``bytes_sent``/``bytes_received``
+for averaging, ``state_bytes_sent``/``state_bytes_received`` for the shared state served to joining peers and the
+coordinator's checkpointer.
 
 The exchange runs its own asyncio loop in a background thread of the node process and talks to the libp2p
-daemon that the node's DHT started (``dht.replicate_p2p``): no second daemon, no extra port.
+daemon that the node's DHT started (a client of its own of that daemon): no second daemon, no extra port.
 
 Only members are served: every request carries the requester's credential, and the exchange checks it against
 the peer id libp2p authenticated for the connection (:class:`~cotrain.averaging.admission.Admission`). A refused

@@ -134,7 +134,7 @@ def butterfly_allreduce(exchange: Exchange, tag: str, group: Sequence, me, vecto
         own_result = struct.pack("<I", parts_in) + encoded_result
     # gather every reduced part
     requests = [(group[j], f"{tag}/out/{j}") for j in reducing if j != mine]
-    large = max(b - a for a, b in bounds) * 4 > UNARY_MAX_BYTES  # a part as fp32, the most any codec sends
+    large = _streams(max(b - a for a, b in bounds))
     fetched = dict(zip([j for j in reducing if j != mine], exchange.fetch_many(requests, wait_s=timeout,
                                                                                large=large)))
     if mine in reducing:
@@ -159,7 +159,7 @@ def _reduce_part(exchange: Exchange, tag: str, group: list, names: list[str], mi
     (contributions aggregated, the encoded result). Contributions left out are named in ``dropped``."""
     a, b = bounds
     others = [(p, f"{tag}/in/{mine}/{name}") for p, name in zip(group, names) if name != names[mine]]
-    fetched = exchange.fetch_many(others, wait_s=timeout, large=(b - a) * 4 > UNARY_MAX_BYTES)
+    fetched = exchange.fetch_many(others, wait_s=timeout, large=_streams(b - a))
     parts, weights = [], []
     for name, payload in zip(names, _insert(fetched, mine, struct.pack("<d", weight) + own)):
         if payload is None:
@@ -183,6 +183,11 @@ def _reduce_part(exchange: Exchange, tag: str, group: list, names: list[str], mi
     encoded_result = codec.encode_result(reduced)
     exchange.publish(tag, f"{tag}/out/{mine}", struct.pack("<I", len(parts)) + encoded_result)
     return len(parts), encoded_result
+
+
+def _streams(values: int) -> bool:
+    """Whether a part of ``values`` values may be too large for one answer (as fp32, the most any codec sends)."""
+    return values * 4 > UNARY_MAX_BYTES
 
 
 def _insert(items: list, index: int, value) -> list:

@@ -17,7 +17,6 @@ of one round meet), run a butterfly all-reduce of their compressed contributions
 from __future__ import annotations
 
 import abc
-import hashlib
 import logging
 import multiprocessing as mp
 import signal
@@ -43,7 +42,7 @@ from cotrain.averaging.overlap import PendingRound
 from cotrain.averaging.robust import build_aggregator
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, groups_split,
                                         live_peers, round_decision, round_peers)
-from cotrain.averaging.state import STATE_KEY, Progress, download_state, pick_donors
+from cotrain.averaging.state import STATE_KEY, Progress, StateHash, download_state, pick_donors
 from cotrain.checkpoint import Checkpoint, encode_checkpoint, named_state, shared_tensors_of
 from cotrain.compression import NoCompression, PowerSGD, SparseLowBit, make_codec
 from cotrain.config import AveragingConfig, CompressionConfig
@@ -82,13 +81,6 @@ def make_averager(dht: DHT, prefix: str, cfg: AveragingConfig, client_mode: bool
     )
     signal.signal(signal.SIGINT, handler)
     return averager
-
-
-def state_hash(tensors: Sequence[torch.Tensor]) -> str:
-    digest = hashlib.sha1()
-    for t in tensors:
-        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 @dataclass
@@ -197,7 +189,8 @@ class RoundAverager(abc.ABC):
         self.exchange = Exchange(dht, f"{run_id}_exchange", admission, keep_tags=8,
                                  limiter=UploadLimiter(upload_bps) if upload_bps else None)
         self.exchange.provide(STATE_KEY, self.state_bytes)
-        self._hash = self._shared_hash()
+        #: the hash of shared_tensors(), computed in the background after every change (see _apply_and_advance)
+        self._state_hash = StateHash(self.shared_tensors())
         self._publisher.start()
 
     # ---- what subclasses define ----------------------------------------------------------------------------------
@@ -300,8 +293,10 @@ class RoundAverager(abc.ABC):
         extra = self.powersgd.state_tensors() if self.powersgd else []
         return self.shared_tensors() + extra
 
-    def _shared_hash(self) -> str:
-        return state_hash(self.shared_tensors())
+    @property
+    def _hash(self) -> str:
+        """The hash of the shared state as it is now (waits for its computation when a change just started it)."""
+        return self._state_hash.value()
 
     def get_state(self) -> tuple[dict, list[torch.Tensor]]:
         with self._lock:
@@ -328,6 +323,7 @@ class RoundAverager(abc.ABC):
         for dst, src in zip(targets, tensors):
             if dst.shape != src.shape:
                 raise ValueError(f"downloaded tensor of shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+        self._state_hash.settle()
         with torch.no_grad(), self._lock:
             for dst, src in zip(targets, tensors):
                 dst.copy_(src)
@@ -342,7 +338,7 @@ class RoundAverager(abc.ABC):
         self.after_shared_change()
         self.discard_round()
         self.error = None
-        self._hash = self._shared_hash()
+        self._state_hash.update(self.shared_tensors())
         self._start_round(mid_round=True)
         logger.info("took the shared state of round %d (state %s)", self.round, self._hash)
 
@@ -742,6 +738,7 @@ class RoundAverager(abc.ABC):
                            carried: Optional[PendingRound] = None, state: Optional[list] = None) -> None:
         """``carried``: with overlap, the round the average is of; the local steps taken since are kept (the round's
         counters already count them). ``state``: the group's average of its members' shared states, taken first."""
+        self._state_hash.settle()
         with torch.no_grad(), self._lock:
             if state is not None:
                 for dst, src in zip(self._all_shared(), state):
@@ -749,9 +746,9 @@ class RoundAverager(abc.ABC):
                 self.stats.states_averaged += 1
             self.apply(average, carried)
             self.round += 1
-        self._hash = self._shared_hash()
-        logger.info("round %d done with %d peer(s): now at round %d (state %s)", self.round - 1, group_size,
-                    self.round, self._hash)
+        # hashed while the node takes its next local step: the next round's meeting reads it
+        self._state_hash.update(self.shared_tensors())
+        logger.info("round %d done with %d peer(s): now at round %d", self.round - 1, group_size, self.round)
         self.stats.last_group_size = group_size
         self.stats.history.append((self.round - 1, group_size))
         if carried is None:
@@ -775,6 +772,7 @@ class RoundAverager(abc.ABC):
         except Exception as e:  # noqa: BLE001 - the record then expires by itself within its TTL
             logger.warning("could not announce leaving on the progress board (%r); the record expires by itself", e)
         self.exchange.shutdown()
+        self._state_hash.shutdown()
         if self.averager is not None and self.averager.is_alive():
             self.averager.shutdown()
 

@@ -1,16 +1,24 @@
-"""Downloading the swarm's shared state from the peer with the most progress, over the :class:`Exchange`.
+"""The swarm's shared state: its hash, and downloading it from the peer with the most progress over the
+:class:`Exchange`.
 
 A peer serves its current shared state (parameters plus the strategy's state, as a checkpoint-format byte string)
 under one key; a joining peer picks donors from the progress board, most rounds first, and streams the state from
 the first that answers, reporting progress as chunks arrive.
+
+Peers compare hashes of their shared states when a group forms (a peer whose state differs from the group's
+majority downloads the state). :class:`StateHash` computes the hash on a thread of its own after each change, while
+the node takes its next local step.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Optional, Sequence
 
+import torch
 from hivemind.p2p import PeerID
 
 from cotrain.averaging.exchange import Exchange
@@ -22,6 +30,42 @@ logger = logging.getLogger(__name__)
 STATE_KEY = "state"
 
 Progress = Callable[[int, int], None]
+
+
+def state_hash(tensors: Sequence[torch.Tensor]) -> str:
+    """A short hash of the tensors' bytes, in order (hashed in place: no copy of a tensor on the CPU)."""
+    digest = hashlib.sha1()
+    for t in tensors:
+        digest.update(memoryview(t.detach().cpu().contiguous().reshape(-1).numpy()).cast("B"))
+    return digest.hexdigest()[:16]
+
+
+class StateHash:
+    """The hash of a shared state that changes between rounds, computed on a thread of its own.
+
+    :meth:`update` starts hashing the state as it is now; :meth:`value` waits for the latest hash. The caller must
+    not change the tensors while a hash of them runs: it calls :meth:`value` (or :meth:`settle`) first. hashlib
+    lets go of the GIL while it hashes, so the node's next local step runs meanwhile: sync rounds hash the
+    parameters and the optimizer's state after every step (10 MB for the BASELINES LSTM, 6 ms alone and 16 ms
+    among three nodes on 2 cores: 4.5% of the training loop when the main thread did it)."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor]):
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="state-hash")
+        self._future: Future = self._pool.submit(state_hash, list(tensors))
+
+    def update(self, tensors: Sequence[torch.Tensor]) -> None:
+        self.settle()
+        self._future = self._pool.submit(state_hash, list(tensors))
+
+    def settle(self) -> None:
+        """Wait until no hash runs: the tensors may change."""
+        self._future.result()
+
+    def value(self) -> str:
+        return self._future.result()
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
 
 
 def pick_donors(now: float, me: str, peers: Sequence[PeerProgress], stale_after: float) -> list[PeerProgress]:

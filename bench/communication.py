@@ -7,7 +7,9 @@ swarm of coordinator and node processes on this machine:
 
 - baseline: ``sync`` with uncompressed fp32 gradients averaged after every local batch (data-parallel training);
 - ``diloco`` with H in {10, 50, 100} local steps per round, times compression in {none, fp16, int8, int4, topk,
-  powersgd}, and the runs that aim at 1000x fewer bytes: H=150 (4 rounds in the default budget) with int8 and int4.
+  powersgd}, and the runs that aim at 1000x fewer bytes: H=150 (4 rounds in the default budget) with int8 and int4;
+- with ``--sync-also``, more ``sync`` rows: other codecs, and ``averaging.overlap`` (each step's gradients averaged
+  while the next step computes, applied a step late), e.g. ``--sync-also fp16 none:overlap fp16:overlap``.
 
 Columns: bytes each node actually sent for averaging (counted on the wire by the nodes), validation loss of the
 shared model (nats per character), compute utilization (fraction of the nodes' wall time spent computing), and
@@ -100,7 +102,7 @@ def one_run(args, strategy: str, inner_steps: int, compression: str, outer: str 
     row["bits_per_param_per_round"] = 8 * row["bytes_per_node"] / (params * max(1, done))
     print(f"  {strategy:6} H={inner_steps:<3} {compression:8} {outer:14} bytes/node {row['bytes_per_node']:>12,.0f} "
           f"bits/param/round {row['bits_per_param_per_round']:.3f} val_loss {row['val_loss']:.4f} "
-          f"rounds {done} util {row['compute_utilization']:.2f} wall {row['wall_s']:.0f}s", flush=True)
+          f"rounds {done} util {row['compute_utilization']:.3f} wall {row['wall_s']:.0f}s", flush=True)
     return row
 
 
@@ -201,6 +203,9 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="write the figures to this file")
     parser.add_argument("--overlap", action="store_true",
                         help="the DiLoCo rows of the short grid with averaging.overlap (the baseline stays plain sync)")
+    parser.add_argument("--sync-also", nargs="*", default=[], metavar="CODEC[:overlap]",
+                        help="sync rows beside the baseline, e.g. 'fp16 none:overlap fp16:overlap' (overlap: each "
+                             "step's gradients are averaged while the next step computes, and applied a step late)")
     parser.add_argument("--sparse-chunk", type=int, default=4096)
     parser.add_argument("--sparse-topk", type=int, default=64)
     parser.add_argument("--sparse-bits", type=int, default=2)
@@ -235,9 +240,21 @@ def main() -> int:
         if (int(h), codec) not in grid:
             grid.append((int(h), codec))
 
+    sync_rows = []
+    for item in args.sync_also:
+        codec, _, how = item.partition(":")
+        if codec not in COMPRESSIONS or how not in ("", "overlap"):
+            parser.error(f"--sync-also: expected CODEC or CODEC:overlap with CODEC one of {', '.join(COMPRESSIONS)}, "
+                         f"got {item!r}")
+        sync_rows.append((codec, how == "overlap"))
+
     print("baseline: sync, fp32 gradients every step", flush=True)
     base = one_run(args, "sync", 1, "none")
     runs = []
+    for codec, overlap in sync_rows:
+        row = one_run(args, "sync", 1, codec, overlap=overlap)
+        row["bytes_ratio"] = base["bytes_per_node"] / max(1.0, row["bytes_per_node"])
+        runs.append(row)
     for inner_steps, compression in grid:
         row = one_run(args, "diloco", inner_steps, compression, overlap=args.overlap)
         row["bytes_ratio"] = base["bytes_per_node"] / max(1.0, row["bytes_per_node"])

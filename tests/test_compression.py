@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -37,6 +38,20 @@ def test_topk_keeps_the_largest_and_result_keeps_every_nonzero():
     assert set(torch.nonzero(y).flatten().tolist()) == {500, 999}
     z = codec.decode_result(codec.encode_result(x), 1000)
     assert set(torch.nonzero(z).flatten().tolist()) == {3, 500, 999}
+
+
+def test_fp16_sends_ieee_half_precision_little_endian_subnormals_and_clipping_included():
+    # numpy's cast as the reference: what every peer decodes must not depend on which library cast it
+    x = torch.cat([torch.randn(3000) * scale for scale in (1e-7, 1e-5, 1.0, 1e4)]
+                  + [torch.tensor([0.0, -0.0, 2.0**-24, 2.0**-25, 3 * 2.0**-26, 65519.0, 65520.0, -1e6,
+                                   float("inf"), -float("inf")])])
+    data = Float16().encode(x)
+    expected = np.clip(x.numpy(), -65504, 65504).astype("<f2")
+    assert data == expected.tobytes()
+    decoded = Float16().decode(data, x.numel())
+    assert decoded.dtype == torch.float32
+    assert torch.equal(decoded, torch.from_numpy(expected.astype(np.float32)))
+    assert torch.isnan(Float16().decode(Float16().encode(torch.tensor([float("nan")])), 1)).all()
 
 
 def test_int4_uses_every_code_and_keeps_signs():

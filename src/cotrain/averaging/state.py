@@ -54,12 +54,12 @@ class StateHash:
         self._future: Future = self._pool.submit(state_hash, list(tensors))
 
     def update(self, tensors: Sequence[torch.Tensor]) -> None:
-        self.settle()
+        # no wait here: the caller settled before changing the tensors, and the one thread hashes in order
         self._future = self._pool.submit(state_hash, list(tensors))
 
     def settle(self) -> None:
         """Wait until no hash runs: the tensors may change."""
-        self._future.result()
+        self.value()
 
     def value(self) -> str:
         return self._future.result()

@@ -83,3 +83,25 @@ def test_a_stranger_is_refused_both_ways(pair):
     assert members_only.admission.refused - refused >= 2
     assert stranger.refusals_received >= 2
     assert members_only.served == {"unary": 0, "stream": 0} and members_only.bytes_sent == 0
+
+
+def test_a_leaving_peer_waits_for_the_reads_its_pieces_await_not_for_a_timer(pair):
+    """Pieces published with ``readers`` keep a shutting-down peer serving until that many whole reads were made
+    (in one answer or to a stream's end); pieces without (a meeting's) keep it for nothing."""
+    fetcher, server, _, _ = pair
+    large = b"L" * (UNARY_MAX_BYTES * 2)
+    server.publish("t4", "t4/small", b"s" * 10, readers=2)
+    server.publish("t4", "t4/large", large, readers=1)
+    server.publish("t4", "t4/meeting", b"m")
+    assert server.reads_awaited == 3
+    assert fetcher.fetch_many([(server.peer_id, "t4/small"), (server.peer_id, "t4/meeting")], wait_s=5) == [
+        b"s" * 10, b"m"]
+    assert server.reads_awaited == 2
+    assert fetcher.fetch_many([(server.peer_id, "t4/large"), (server.peer_id, "t4/small")], wait_s=5) == [
+        large, b"s" * 10]
+    assert server.reads_awaited == 0
+    server.publish("t4", "t4/small", b"again", readers=1)  # republished: its new readers count
+    assert server.reads_awaited == 1
+    for tag in ("t5", "t6", "t7", "t8"):  # a tag dropped from the outbox is read by nobody any more
+        server.publish(tag, f"{tag}/x", b"x")
+    assert server.reads_awaited == 0

@@ -68,7 +68,9 @@ def sparse_allgather(exchange: Exchange, tag: str, group: Sequence, me, vector: 
     numel = vector.numel()
     payload = codec.encode(vector.detach().float().cpu().reshape(-1))
     own = struct.pack("<d", weight) + payload
-    exchange.publish(tag, f"{tag}/in/{names[mine]}", own)
+    # read by every groupmate that asks us (all but those undialable like us, who ask the relay)
+    exchange.publish(tag, f"{tag}/in/{names[mine]}", own,
+                     readers=sum(1 for k in range(n) if k != mine and (flags[mine] or flags[k])))
     limit = 8 + codec.payload_bytes_bound(numel)
 
     # whom to ask for each groupmate's payload: itself, or the relay when neither of us can be dialled
@@ -82,7 +84,8 @@ def sparse_allgather(exchange: Exchange, tag: str, group: Sequence, me, vector: 
     if mine == relay:
         for j in wanted:  # republish what the undialable peers sent, for each other
             if not flags[j] and fetched[j] is not None:
-                exchange.publish(tag, f"{tag}/in/{names[j]}", fetched[j])
+                exchange.publish(tag, f"{tag}/in/{names[j]}", fetched[j],
+                                 readers=sum(1 for k in range(n) if k not in (j, mine) and not flags[k]))
 
     supports, weights, dropped = [], [], {}
     sent = None

@@ -123,7 +123,8 @@ def butterfly_allreduce(exchange: Exchange, tag: str, group: Sequence, me, vecto
         encoded = codec.encode(vector[a:b])
         sent[a:b] = codec.decode(encoded, b - a)
         own_parts[j] = encoded
-        exchange.publish(tag, f"{tag}/in/{j}/{names[mine]}", struct.pack("<d", weight) + encoded)
+        if j != mine:  # reducer j reads it
+            exchange.publish(tag, f"{tag}/in/{j}/{names[mine]}", struct.pack("<d", weight) + encoded, readers=1)
 
     average = torch.empty_like(vector)
     contributors = [n] * n  # a part nobody reduces (an empty one) lacks no contribution
@@ -181,7 +182,8 @@ def _reduce_part(exchange: Exchange, tag: str, group: list, names: list[str], mi
         weights.append(w)
     reduced = aggregator(parts, weights)
     encoded_result = codec.encode_result(reduced)
-    exchange.publish(tag, f"{tag}/out/{mine}", struct.pack("<I", len(parts)) + encoded_result)
+    exchange.publish(tag, f"{tag}/out/{mine}", struct.pack("<I", len(parts)) + encoded_result,
+                     readers=len(group) - 1)  # every groupmate gathers every part
     return len(parts), encoded_result
 
 

@@ -94,6 +94,9 @@ class Exchange:
         self.state_bytes_sent = 0
         self.state_bytes_received = 0
         self._outbox: dict[str, bytes] = {}
+        #: reads still expected of published pieces, by key (``publish(..., readers=n)``): a peer shutting down waits
+        #: for these, not for a fixed time
+        self._awaited: dict[str, int] = {}
         self._tags: list[str] = []
         self._providers: dict[str, Callable[[], Optional[bytes]]] = {}
         self._serving = 0
@@ -127,8 +130,11 @@ class Exchange:
         return p2p
 
     # ---- serving -------------------------------------------------------------------------------------------------
-    def publish(self, tag: str, key: str, data: bytes) -> None:
-        """Make ``data`` fetchable under ``key``; keys belong to a round's ``tag``, old tags are dropped."""
+    def publish(self, tag: str, key: str, data: bytes, readers: int = 0) -> None:
+        """Make ``data`` fetchable under ``key``; keys belong to a round's ``tag``, old tags are dropped.
+        ``readers``: how many groupmates will fetch it (an all-reduce's pieces), so that :meth:`shutdown` waits for
+        exactly those reads; 0 for pieces nobody must have (a meeting's: a groupmate that misses it just fails to
+        meet)."""
         with self._lock:
             if tag not in self._tags:
                 self._tags.append(tag)
@@ -136,9 +142,30 @@ class Exchange:
                     old = self._tags.pop(0)
                     for k in [k for k in self._outbox if k.startswith(old + "/")]:
                         del self._outbox[k]
+                        self._awaited.pop(k, None)
             self._outbox[key] = data
+            if readers > 0:
+                self._awaited[key] = readers
+            else:
+                self._awaited.pop(key, None)
             self._last_publish = time.monotonic()
         asyncio.run_coroutine_threadsafe(self._notify(), self._loop)
+
+    @property
+    def reads_awaited(self) -> int:
+        """Reads of published pieces that their readers have not made yet (see ``publish(..., readers=)``)."""
+        with self._lock:
+            return sum(self._awaited.values())
+
+    def _was_read(self, key: str) -> None:
+        """A groupmate got the whole piece under ``key``."""
+        with self._lock:
+            left = self._awaited.get(key)
+            if left is not None:
+                if left <= 1:
+                    del self._awaited[key]
+                else:
+                    self._awaited[key] = left - 1
 
     def provide(self, key: str, make: Callable[[], Optional[bytes]]) -> None:
         """Serve ``key`` by calling ``make()`` (in a worker thread) on every request: for data built on demand,
@@ -185,6 +212,7 @@ class Exchange:
                 await self.limiter.take(len(data))
             self.bytes_sent += len(data)
             self.served["unary"] += 1
+            self._was_read(request.key)
             return pb.FetchChunk(data=data, found=True, total=len(data))
         finally:
             self._serving -= 1
@@ -213,8 +241,11 @@ class Exchange:
             async for chunk in self._chunks(data, state=True):
                 yield chunk
             return
-        async for chunk in self._chunks(await self._published_piece(request.key, request.wait_s)):
+        data = await self._published_piece(request.key, request.wait_s)
+        async for chunk in self._chunks(data):
             yield chunk
+        if data is not None:  # the last chunk went out (a reader that went away closed the stream before)
+            self._was_read(request.key)
 
     async def _chunks(self, data: Optional[bytes], state: bool = False):
         if data is None:
@@ -353,10 +384,12 @@ class Exchange:
             return None
 
     def shutdown(self, linger_s: float = 2.0) -> None:
-        """Stop serving; first let groupmates still fetching this peer's last pieces finish (up to ``linger_s``
-        after the last publication, and while a fetch is being served)."""
+        """Stop serving; first let groupmates fetch this peer's last pieces: while a fetch is being served, and while
+        pieces published with ``readers`` have reads to come, up to ``linger_s`` after the last publication (a
+        groupmate that left the round never reads; raise it on links where a piece takes longer to go out)."""
         deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline and (self._serving > 0 or time.monotonic() - self._last_publish < linger_s):
+        while time.monotonic() < deadline and (
+                self._serving > 0 or (self.reads_awaited > 0 and time.monotonic() - self._last_publish < linger_s)):
             time.sleep(0.05)
 
         async def stop():

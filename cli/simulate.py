@@ -32,6 +32,9 @@ def add_parser(subparsers) -> None:
                      help="model N virtual peers (no training, no Ray) over --duration seconds of swarm time")
     sim.add_argument("--config", type=Path, default=None, help="run config (TOML); default: built-in defaults")
     sim.add_argument("--duration", type=float, default=120.0, help="seconds of training once the nodes run")
+    sim.add_argument("--rounds", type=int, default=0, metavar="R",
+                     help="end as soon as the swarm has reached round R (within --duration; default: run for "
+                          "--duration)")
     sim.add_argument("--cpus-per-node", type=float, default=0.0,
                      help="CPUs reserved per node, and its torch threads (default: the CPUs this process may "
                           "use / --nodes)")
@@ -50,6 +53,8 @@ def cmd_simulate(args) -> int:
         raise SystemExit(f"--nodes: must be >= 1, got {args.nodes}")
     if not args.duration > 0:
         raise SystemExit(f"--duration: must be > 0, got {args.duration}")
+    if args.rounds < 0:
+        raise SystemExit(f"--rounds: must be >= 0, got {args.rounds}")
     if args.cpus_per_node < 0:
         raise SystemExit(f"--cpus-per-node: must be > 0, got {args.cpus_per_node}")
     cfg = RunConfig.load(args.config) if args.config else RunConfig()
@@ -84,18 +89,26 @@ def cmd_simulate(args) -> int:
                      interval=2.0, what=f"{args.nodes} nodes to join", procs=[coordinator])
         except LaunchError as e:
             raise SystemExit(f"simulate: {e} (logs in {workdir})")
-        started = time.monotonic()
-        while time.monotonic() - started < args.duration:
-            time.sleep(min(10.0, args.duration - (time.monotonic() - started)))
+        started = shown = time.monotonic()
+        health = client.health()
+        # with --rounds: look every second whether the swarm got there; show the status every 10 s either way
+        while time.monotonic() - started < args.duration and not (
+                args.rounds and health.totals.global_round >= args.rounds):
+            time.sleep(min(1.0 if args.rounds else 10.0, args.duration - (time.monotonic() - started)))
             if not coordinator.alive():
                 raise SystemExit(f"simulate: the coordinator exited (logs in {workdir})")
-            console.print(health_table(client.health()))
-        health = client.health()
+            health = client.health()
+            if time.monotonic() - shown >= 10.0:
+                shown = time.monotonic()
+                console.print(health_table(health))
+        trained_s = time.monotonic() - started
     finally:
         client.close()
         code = coordinator.stop(120)
     t = health.totals
-    summary = dict(nodes=args.nodes, cpus_per_node=cpus, duration_s=args.duration, global_round=t.global_round,
+    summary = dict(nodes=args.nodes, cpus_per_node=cpus, duration_s=round(trained_s, 1),
+                   stopped_by="rounds" if args.rounds and t.global_round >= args.rounds else "duration",
+                   global_round=t.global_round,
                    samples_total=t.samples_total, val_loss=None if math.isnan(t.val_loss) else t.val_loss,
                    val_bpc=None if math.isnan(t.val_bpc) else t.val_bpc, val_round=t.val_round,
                    bytes_sent_per_node=t.bytes_sent / max(1, len(health.nodes)), alerts=list(health.alerts),
@@ -105,7 +118,7 @@ def cmd_simulate(args) -> int:
         print(json.dumps(summary, indent=1))
     else:
         console.print(health_table(health))
-        print(f"simulated {args.nodes} nodes for {args.duration:.0f}s: global round {t.global_round}, "
+        print(f"simulated {args.nodes} nodes for {summary['duration_s']:.0f}s: global round {t.global_round}, "
               f"{t.samples_total} samples, validation "
               + (f"{t.val_bpc:.3f} BPC" if not math.isnan(t.val_bpc) else
                  f"loss {t.val_loss:.4f}" if not math.isnan(t.val_loss) else "not yet")

@@ -68,11 +68,13 @@ def test_simulate_runs_a_virtual_swarm(tmp_path, corpus_file):
     (tmp_path / "run.toml").write_text(cfg.to_toml())
     limit = ["--cpu-limit"] if cpu_limit_available() else []
     out = subprocess.run([sys.executable, "-m", "cotrain.cli", "simulate", "--nodes", "2", "--config",
-                          str(tmp_path / "run.toml"), "--duration", "30", "--format", "json",
-                          "--workdir", str(tmp_path / "sim"), *limit], capture_output=True, text=True, timeout=600)
+                          str(tmp_path / "run.toml"), "--rounds", "2", "--duration", "300", "--format",
+                          "json", "--workdir", str(tmp_path / "sim"), *limit], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
-    assert summary["nodes"] == 2 and summary["global_round"] >= 1 and summary["samples_total"] > 0
+    # it ended when the swarm reached --rounds, not at the end of --duration
+    assert summary["nodes"] == 2 and summary["global_round"] >= 2 and summary["samples_total"] > 0, summary
+    assert summary["stopped_by"] == "rounds", summary
     assert sorted(n["node_name"] for n in summary["nodes_detail"]) == ["managed-0", "managed-1"]
     assert summary["coordinator_exit_code"] == 0
 

@@ -150,6 +150,7 @@ class Fleet:
 
         self.ray = ray
         self.local = not address
+        self.closed = False
         if address and address != "auto":
             _check_reachable(address)
         try:
@@ -203,14 +204,24 @@ class Fleet:
         return self.ray.remote(num_cpus=num_cpus, max_retries=1)(fn).remote(*args)
 
     def done(self, ref) -> bool:
+        self._check_open()
         ready, _ = self.ray.wait([ref], timeout=0)
         return bool(ready)
 
     def result(self, ref, timeout: Optional[float] = None):
+        self._check_open()
         return self.ray.get(ref, timeout=timeout)
+
+    def _check_open(self) -> None:
+        """After :meth:`shutdown` Ray is never called again: ray.wait on a stopped session would start a new local
+        Ray instance by itself (a coordinator's shutdown once hung on it past its 30 s)."""
+        if self.closed:
+            raise FleetError("the fleet is shut down")
 
     def shutdown(self, timeout: float = 30.0) -> None:
         from ray.util.placement_group import remove_placement_group
+
+        self.closed = True
 
         stops = []
         for actor in self.actors:

@@ -255,14 +255,15 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
         await prober.shutdown()
         if web is not None:
             web.stop()
+        # the checkpointer before the fleet: it collects Ray evaluation tasks, and may be taking a managed node's state
+        checkpointer.stop()
+        await asyncio.to_thread(checkpointer.join, 30)
         if fleet is not None:  # while the gRPC server still answers: managed nodes leave cleanly
             await asyncio.to_thread(fleet.shutdown)
         if managed_token is not None:
             store.revoke_token(managed_token)
         await health_servicer.enter_graceful_shutdown()
         await server.stop(grace=2.0)
-        checkpointer.stop()
-        checkpointer.join(timeout=30)
         exchange.shutdown(linger_s=0)
         dht.shutdown()
         store.close()

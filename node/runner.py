@@ -38,6 +38,7 @@ from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
 from cotrain.node.options import NodeOptions
+from cotrain.node.status_file import StatusFile
 from cotrain.node.work import WorkQueue
 from cotrain.node.limits import (IdleMonitor, OtherProcessesLoad, format_cpu_list, lower_thread_priority, pin_cpus,
                                  read_cpu_max, release_freed_memory, torch_threads)
@@ -110,7 +111,6 @@ class Node:
         self.paused = False
         self.averaging: Optional[RoundAverager] = None
         self.admission: Optional[Admission] = None
-        self._status_outage = Outage("writing status.json", logger)
 
     # ---- identity ------------------------------------------------------------------------------------------------
     def _identity_file(self) -> Optional[Path]:
@@ -332,6 +332,8 @@ class Node:
         started, last_log, last_status = time.monotonic(), time.monotonic(), 0.0
         last_trim = -math.inf
         status_round = -1  # the round of the last status.json
+        status_file = StatusFile(self.options.state_dir / "status.json", self._status) if self.options.state_dir \
+            else None
         self.metrics.started = started
         status = TerminalStatus()
         idle = IdleMonitor(OtherProcessesLoad()) if self.options.only_when_idle else None
@@ -393,9 +395,10 @@ class Node:
             if averaging.round != status_round and now - last_trim >= TRIM_EVERY_S:
                 last_trim = now
                 release_freed_memory()  # what the rounds' exchanges and states left freed in the heap
-            if averaging.round != status_round or now - last_log >= self.options.log_every_s:
+            if status_file is not None and (averaging.round != status_round or
+                                            now - last_log >= self.options.log_every_s):
                 status_round = averaging.round
-                self._write_status()
+                status_file.due()
             if now - last_log >= self.options.log_every_s:
                 last_log = now
                 s = averaging.stats
@@ -409,7 +412,8 @@ class Node:
             if self.options.duration and now - started >= self.options.duration:
                 self.request_stop(f"ran for --duration {self.options.duration:g}s")
         status.stop()
-        self._write_status()  # the figures it leaves with
+        if status_file is not None:
+            status_file.close()  # and the figures it leaves with
 
     def _next_unit(self) -> Optional[pb.WorkUnit]:
         """The next work unit, the node shown as paused on the progress board while it has to wait for one (every
@@ -458,19 +462,10 @@ class Node:
                         dict(metadata, config_toml=cfg.to_toml(), rounds=a.stats.history, time=time.time(),
                                        states_averaged=a.stats.states_averaged, resyncs=a.stats.resyncs))
 
-    def _write_status(self) -> None:
-        """``STATE_DIR/status.json``: what the heartbeat reports (round, rounds completed, bytes, ...) and when, kept
-        on this machine for its owner's monitoring and for tests, and readable while the coordinator is away.
-        Written atomically at every new round and every ``log_every_s``."""
-        if not self.options.state_dir:
-            return
-        status = dict(message_to_dict(self.node_metrics()), time=time.time(), pid=os.getpid())
-        try:
-            atomic_write_bytes(self.options.state_dir / "status.json", json.dumps(status).encode(), durable=False)
-        except OSError as e:
-            self._status_outage.failed(e, action="training on")
-        else:
-            self._status_outage.succeeded()
+    def _status(self) -> dict:
+        """What ``STATE_DIR/status.json`` holds (:class:`StatusFile`, due at every new round and every
+        ``log_every_s``): the heartbeat's figures, and when."""
+        return dict(message_to_dict(self.node_metrics()), time=time.time(), pid=os.getpid())
 
     def node_metrics(self) -> pb.NodeMetrics:
         m, a = self.metrics, self.averaging

@@ -106,7 +106,7 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
 
 def start_coordinator(state_dir: Path, config: Optional[Path] = None, log_path: Optional[Path] = None,
                       listen: str = "127.0.0.1:0", extra: Sequence[str] = (), timeout: float = 60.0,
-                      insecure: bool = True, prefix: Sequence[str] = ()) -> tuple[Proc, str]:
+                      insecure: bool = True, prefix: Sequence[str] = (), zygote=None) -> tuple[Proc, str]:
     """Start ``cotrain coordinator start`` (plaintext unless ``insecure`` is False and ``extra`` has the TLS
     flags) and wait until it serves; -> (process, HOST:PORT). ``prefix``: see :class:`Proc`.
 
@@ -122,7 +122,7 @@ def start_coordinator(state_dir: Path, config: Optional[Path] = None, log_path: 
     deadline = time.monotonic() + timeout
     while True:
         info.unlink(missing_ok=True)
-        proc = Proc("coordinator", args, log_path or state_dir / "coordinator.log", prefix=prefix)
+        proc = Proc("coordinator", args, log_path or state_dir / "coordinator.log", prefix=prefix, zygote=zygote)
         try:
             wait_for(info.exists, max(deadline - time.monotonic(), 1.0), what="the coordinator to listen",
                      procs=[proc])

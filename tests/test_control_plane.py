@@ -152,12 +152,13 @@ def test_work_units_are_handed_out_once_and_rejoin_keeps_identity_and_units(stub
     assert (work(stub, again).unit.epoch, work(stub, again).unit.index) == (0, 1)  # b's unit, reissued
 
 
-def test_a_silent_nodes_unit_is_reclaimed_by_the_coordinator_alone(tmp_path, corpus_file):
+def test_a_silent_nodes_unit_is_reclaimed_by_the_coordinator_alone(tmp_path, corpus_file, node_zygote):
     """No GetWork, no Leave: the coordinator's periodic tick hands a lost node's unit back (the health view that
     watches it only reads)."""
     from cotrain.cli.launch import wait_for
 
-    running = RunningCoordinator(tmp_path, tiny_config(corpus_file, coordinator={"lost_after_missed": 2}))
+    running = RunningCoordinator(tmp_path, tiny_config(corpus_file, coordinator={"lost_after_missed": 2}),
+                                 zygote=node_zygote)
     channel = grpc.insecure_channel(running.address)
     try:
         stub = pb_grpc.CoordinatorStub(channel)
@@ -215,7 +216,8 @@ def test_restarted_coordinator_resumes_its_members(coordinator):
 
     from cotrain.cli.launch import start_coordinator
 
-    coordinator.proc, coordinator.address = start_coordinator(coordinator.state_dir, coordinator.config_path)
+    coordinator.proc, coordinator.address = start_coordinator(coordinator.state_dir, coordinator.config_path,
+                                                              zygote=coordinator.zygote)
     channel = grpc.insecure_channel(coordinator.address)
     stub = pb_grpc.CoordinatorStub(channel)
     try:

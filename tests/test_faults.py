@@ -35,11 +35,12 @@ def rounds_done(state_dir) -> list[tuple[int, int]]:
     return [tuple(r) for r in load_checkpoint(state_dir / "last.safetensors").metadata["rounds"]]
 
 
-def test_killed_node_does_not_stop_the_round_and_rejoins(tmp_path, corpus_file):
+def test_killed_node_does_not_stop_the_round_and_rejoins(tmp_path, corpus_file, node_zygote):
     running = RunningCoordinator(tmp_path, tiny_config(corpus_file, averaging={"inner_steps": 40,
-                                                                               "allreduce_timeout": 5.0}))
-    nodes = [start_node(running.address, running.token, f"n{i}", tmp_path / f"n{i}",
-                        extra=["--threads", "1", "--wait-peers", "3"]) for i in range(3)]
+                                                                               "allreduce_timeout": 5.0}),
+                                 zygote=node_zygote)
+    nodes = [running.start_node(f"n{i}", tmp_path / f"n{i}", extra=["--threads", "1", "--wait-peers", "3"])
+             for i in range(3)]
     client = CoordinatorClient(running.address, insecure=True)
     try:
         wait_for(lambda: len(rows(client)) == 3 and all(n.metrics.rounds_completed >= 2 for n in rows(client).values()),
@@ -50,8 +51,7 @@ def test_killed_node_does_not_stop_the_round_and_rejoins(tmp_path, corpus_file):
                  what="the others to go on without it", procs=nodes[:2] + [running.proc])
 
         swarm_round = rows(client)["n0"].metrics.round
-        comeback = start_node(running.address, running.token, "n2", tmp_path / "n2", tmp_path / "n2-again.log",
-                              extra=["--threads", "1"])
+        comeback = running.start_node("n2", tmp_path / "n2", tmp_path / "n2-again.log", extra=["--threads", "1"])
         nodes.append(comeback)
 
         def rejoined():  # its row reports the swarm's rounds (the killed process's figures stopped at killed_at)
@@ -74,12 +74,12 @@ def test_killed_node_does_not_stop_the_round_and_rejoins(tmp_path, corpus_file):
     assert rejoined_history and min(r for r, _ in rejoined_history) >= swarm_round, rejoined_history
 
 
-def test_a_killed_nodes_work_unit_is_reissued_and_finished_by_another(tmp_path, corpus_file):
+def test_a_killed_nodes_work_unit_is_reissued_and_finished_by_another(tmp_path, corpus_file, node_zygote):
     cfg = tiny_config(corpus_file, coordinator={"unit_bytes": 4096, "lost_after_missed": 4},
                       averaging={"inner_steps": 20, "allreduce_timeout": 5.0})
-    running = RunningCoordinator(tmp_path, cfg)
-    nodes = [start_node(running.address, running.token, f"n{i}", tmp_path / f"n{i}",
-                        extra=["--threads", "1", "--wait-peers", "2"]) for i in range(2)]
+    running = RunningCoordinator(tmp_path, cfg, zygote=node_zygote)
+    nodes = [running.start_node(f"n{i}", tmp_path / f"n{i}", extra=["--threads", "1", "--wait-peers", "2"])
+             for i in range(2)]
     client = CoordinatorClient(running.address, insecure=True)
     store = Store(running.state_dir)
 
@@ -110,14 +110,15 @@ def test_a_killed_nodes_work_unit_is_reissued_and_finished_by_another(tmp_path, 
         running.stop()
 
 
-def test_swarm_trains_on_while_the_coordinator_is_away(tmp_path, corpus_file):
+def test_swarm_trains_on_while_the_coordinator_is_away(tmp_path, corpus_file, node_zygote):
     cfg = tiny_config(corpus_file, averaging={"inner_steps": 40})
     (tmp_path / "run.toml").write_text(cfg.to_toml())
     state = tmp_path / "state"
     token = Store(state).create_token("t")
-    proc, address = start_coordinator(state, tmp_path / "run.toml")  # port 0: the coordinator says which it got
-    nodes = [start_node(address, token, f"n{i}", tmp_path / f"n{i}", extra=["--threads", "1", "--wait-peers", "2"])
-             for i in range(2)]
+    # port 0: the coordinator says which it got
+    proc, address = start_coordinator(state, tmp_path / "run.toml", zygote=node_zygote)
+    nodes = [start_node(address, token, f"n{i}", tmp_path / f"n{i}", extra=["--threads", "1", "--wait-peers", "2"],
+                        zygote=node_zygote) for i in range(2)]
     try:
         with CoordinatorClient(address, insecure=True) as client:
             wait_for(lambda: len(rows(client)) == 2 and all(n.metrics.rounds_completed >= 2
@@ -131,7 +132,8 @@ def test_swarm_trains_on_while_the_coordinator_is_away(tmp_path, corpus_file):
         wait_for(lambda: all(node_status(d)["rounds_completed"] >= during[name] + 2 for name, d in dirs.items()),
                  120, what="rounds while the coordinator is down", procs=nodes)
         at_restart = {name: node_status(d)["round"] for name, d in dirs.items()}  # the round each node is at
-        proc, address = start_coordinator(state, tmp_path / "run.toml", listen=address)  # where the nodes look
+        # where the nodes look
+        proc, address = start_coordinator(state, tmp_path / "run.toml", listen=address, zygote=node_zygote)
         with CoordinatorClient(address, insecure=True) as client:
             assert {n.node_id for n in client.health().nodes} == members  # no member lost
             # the rounds finished while it was away count in what the nodes report to the restarted coordinator
@@ -143,19 +145,19 @@ def test_swarm_trains_on_while_the_coordinator_is_away(tmp_path, corpus_file):
         proc.stop(30)
 
 
-def test_corrupt_checkpoint_falls_back_to_the_previous(tmp_path, corpus_file):
-    running = RunningCoordinator(tmp_path, tiny_config(corpus_file, coordinator={"checkpoint_interval_s": 1.0}))
+def test_corrupt_checkpoint_falls_back_to_the_previous(tmp_path, corpus_file, node_zygote):
+    running = RunningCoordinator(tmp_path, tiny_config(corpus_file, coordinator={"checkpoint_interval_s": 1.0}),
+                                 zygote=node_zygote)
     client = CoordinatorClient(running.address, insecure=True)
     try:
-        node = start_node(running.address, running.token, "solo", tmp_path / "solo", extra=["--threads", "1"])
+        node = running.start_node("solo", tmp_path / "solo", extra=["--threads", "1"])
         wait_for(lambda: len(running.checkpoints()) >= 2, 120, what="two checkpoints", procs=[node, running.proc])
         node.stop(30)
         newest, previous = running.checkpoints()[:2]
         data = bytearray(open(newest.path, "rb").read())
         data[len(data) // 2] ^= 0xFF
         open(newest.path, "wb").write(bytes(data))
-        stranger = start_node(running.address, running.token, "stranger", tmp_path / "s",
-                              extra=["--threads", "1", "--max-steps", "1"])
+        stranger = running.start_node("stranger", tmp_path / "s", extra=["--threads", "1", "--max-steps", "1"])
         wait_for(lambda: not stranger.alive(), 120, what="the stranger to start")
         assert stranger.stop(10) == 0, stranger.log()[-2000:]
         # with no peer and no state of its own it took the newest checkpoint that is intact (the newest arrives

@@ -31,10 +31,11 @@ floats = st.floats(allow_nan=True, allow_infinity=True)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, corpus_file):
+def server(tmp_path_factory, corpus_file, node_zygote):
     tmp = tmp_path_factory.mktemp("fuzz")
     running = RunningCoordinator(tmp, tiny_config(corpus_file, coordinator={"join_rate_per_s": 0.0,
-                                                                             "heartbeat_rate_per_s": 0.0}))
+                                                                             "heartbeat_rate_per_s": 0.0}),
+                                 zygote=node_zygote)
     channel = grpc.insecure_channel(running.address)
     stub = pb_grpc.CoordinatorStub(channel)
     good = stub.Join(pb.JoinRequest(token=running.token, node_name="fuzzer", protocol_version=PROTOCOL_VERSION),

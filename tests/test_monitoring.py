@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cotrain.cli.launch import start_node, wait_for
+from cotrain.cli.launch import wait_for
 from cotrain.client import CoordinatorClient
 
 from tiny_swarm import RunningCoordinator, tiny_config
@@ -21,12 +21,12 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
-def live_swarm(tmp_path_factory, corpus_file):
+def live_swarm(tmp_path_factory, corpus_file, node_zygote):
     tmp = tmp_path_factory.mktemp("monitored")
     running = RunningCoordinator(tmp, tiny_config(corpus_file, averaging={"inner_steps": 30}),
-                                 extra=["--http-port", "0"])
-    nodes = [start_node(running.address, running.token, name, tmp / name,
-                        extra=["--threads", "1", "--wait-peers", "2"]) for name in ("alice", "bob")]
+                                 extra=["--http-port", "0"], zygote=node_zygote)
+    nodes = [running.start_node(name, tmp / name, extra=["--threads", "1", "--wait-peers", "2"])
+             for name in ("alice", "bob")]
     client = CoordinatorClient(running.address, insecure=True)
     try:
         wait_for(lambda: client.health().totals.latest_checkpoint_round >= 1 and

@@ -13,7 +13,7 @@ import torch
 
 from cotrain.checkpoint import load_checkpoint
 from cotrain.coordinator.store import Store
-from cotrain.cli.launch import start_node, wait_for
+from cotrain.cli.launch import wait_for
 from cotrain.client import CoordinatorClient
 from tiny_swarm import RunningCoordinator, tiny_config
 from test_swarm import assert_learned
@@ -29,15 +29,15 @@ ROUNDS = 14
 STEP_DELAY = 0.3
 
 
-def test_rogue_peers_get_nothing_and_members_train_on(tmp_path, corpus_file):
+def test_rogue_peers_get_nothing_and_members_train_on(tmp_path, corpus_file, node_zygote):
     # credentials of 10 s (the least allowed): the "expired" rogue's runs out during the test
     cfg = tiny_config(corpus_file, coordinator={"credential_ttl_s": 10.0})
-    coordinator = RunningCoordinator(tmp_path, cfg)
+    coordinator = RunningCoordinator(tmp_path, cfg, zygote=node_zygote)
     store = Store(coordinator.state_dir)
     tokens = {mode: store.create_token(f"mallory-{mode}") for mode in ("expired", "revoked")}
-    members = [start_node(coordinator.address, coordinator.token, f"member-{i}", tmp_path / f"member-{i}",
-                          extra=["--max-rounds", str(ROUNDS), "--threads", "1", "--wait-peers", "2",
-                                 "--step-delay", str(STEP_DELAY)])
+    members = [coordinator.start_node(f"member-{i}", tmp_path / f"member-{i}",
+                                      extra=["--max-rounds", str(ROUNDS), "--threads", "1", "--wait-peers", "2",
+                                             "--step-delay", str(STEP_DELAY)])
                for i in range(2)]
     rogues, logs = {}, []
     client = CoordinatorClient(coordinator.address, insecure=True)

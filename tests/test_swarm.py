@@ -64,8 +64,8 @@ MODELS = {
 
 
 @pytest.fixture(params=list(MODELS))
-def model_coordinator(request, tmp_path, corpus_file):
-    running = RunningCoordinator(tmp_path, tiny_config(corpus_file, **MODELS[request.param]))
+def model_coordinator(request, tmp_path, corpus_file, node_zygote):
+    running = RunningCoordinator(tmp_path, tiny_config(corpus_file, **MODELS[request.param]), zygote=node_zygote)
     yield running
     running.stop()
 
@@ -73,9 +73,9 @@ def model_coordinator(request, tmp_path, corpus_file):
 def train_together(coordinator, tmp_path, count: int, rounds: int = ROUNDS, extra: dict | None = None):
     """``count`` real nodes train until ``rounds`` rounds (node i with ``extra[i]`` flags too); -> (final coordinator
     health, the nodes' final states)."""
-    nodes = [start_node(coordinator.address, coordinator.token, f"node-{i}", tmp_path / f"node-{i}",
-                        extra=["--max-rounds", str(rounds), "--threads", "1", "--wait-peers", str(count),
-                               *(extra or {}).get(i, [])])
+    nodes = [coordinator.start_node(f"node-{i}", tmp_path / f"node-{i}",
+                                    extra=["--max-rounds", str(rounds), "--threads", "1", "--wait-peers", str(count),
+                                           *(extra or {}).get(i, [])])
              for i in range(count)]
     client = CoordinatorClient(coordinator.address, insecure=True)
     try:
@@ -120,8 +120,9 @@ def test_two_nodes_train_and_average_into_one_model(model_coordinator, tmp_path)
 
 
 @pytest.mark.parametrize("formation", ["board", "board_only", "matchmaking"])
-def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, corpus_file, formation):
-    coordinator = RunningCoordinator(tmp_path, tiny_config(corpus_file, averaging={"group_formation": formation}))
+def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, corpus_file, formation, node_zygote):
+    coordinator = RunningCoordinator(tmp_path, tiny_config(corpus_file, averaging={"group_formation": formation}),
+                                     zygote=node_zygote)
     # with board groups node-2 is a straggler (each local step takes 0.3 s more): it must cost the others nothing
     straggler = {2: ["--step-delay", "0.3"]} if formation != "matchmaking" else {}
     try:
@@ -155,7 +156,8 @@ def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, cor
 
 
 @pytest.mark.parametrize("state_averaging", [False, True], ids=["states_by_majority", "states_averaged"])
-def test_four_nodes_on_a_sharded_board_average_in_groups_of_their_shard(tmp_path, corpus_file, state_averaging):
+def test_four_nodes_on_a_sharded_board_average_in_groups_of_their_shard(tmp_path, corpus_file, state_averaging,
+                                                                        node_zygote):
     """board_shards = 2: each node reads and publishes only its shard of its round (about half the swarm), groups of
     two form within a shard, and the shards are dealt afresh every round. A shard of one (likely with 4 nodes in 2
     shards) waits round_wait for shardmates, then averages alone. Groups of a round apply different averages: a
@@ -164,7 +166,7 @@ def test_four_nodes_on_a_sharded_board_average_in_groups_of_their_shard(tmp_path
     cfg = tiny_config(corpus_file, averaging={"group_formation": "board_only", "board_shards": 2,
                                               "target_group_size": 2, "round_wait": 3.0,
                                               "state_averaging": state_averaging})
-    coordinator = RunningCoordinator(tmp_path, cfg)
+    coordinator = RunningCoordinator(tmp_path, cfg, zygote=node_zygote)
     try:
         health, finals = train_together(coordinator, tmp_path, 4, rounds=4)
     finally:
@@ -185,9 +187,9 @@ def test_four_nodes_on_a_sharded_board_average_in_groups_of_their_shard(tmp_path
     assert_learned(coordinator.cfg, finals[0].model_state())
 
 
-def test_centered_clip_keeps_a_byzantine_node_from_wrecking_the_model(tmp_path, corpus_file):
+def test_centered_clip_keeps_a_byzantine_node_from_wrecking_the_model(tmp_path, corpus_file, node_zygote):
     cfg = tiny_config(corpus_file, averaging={"aggregation": "centered_clip"})
-    coordinator = RunningCoordinator(tmp_path, cfg)
+    coordinator = RunningCoordinator(tmp_path, cfg, zygote=node_zygote)
     try:
         # node-2 sends its pseudo-gradient sign-flipped and scaled by 10: with a plain mean the average points
         # backwards (bench/byzantine.py shows the loss exploding); CenteredClip clips it to the honest ones
@@ -203,6 +205,7 @@ def test_centered_clip_keeps_a_byzantine_node_from_wrecking_the_model(tmp_path, 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_node_leaves_cleanly_on_signal(coordinator, tmp_path, sig):
+    # a node started as users start it (a new Python running `cotrain node join`), not forked from the zygote
     node = start_node(coordinator.address, coordinator.token, "quitter", tmp_path / "q", extra=["--threads", "1"])
     client = CoordinatorClient(coordinator.address, insecure=True)
     try:

@@ -47,15 +47,15 @@ def row(client, name):
 
 @pytest.mark.swarm
 def test_third_node_holds_the_donors_state_before_its_first_step(coordinator, tmp_path):
-    donors = [start_node(coordinator.address, coordinator.token, f"donor-{i}", tmp_path / f"d{i}",
-                         extra=["--threads", "1", "--wait-peers", "2"]) for i in range(2)]
+    donors = [coordinator.start_node(f"donor-{i}", tmp_path / f"d{i}", extra=["--threads", "1", "--wait-peers", "2"])
+              for i in range(2)]
     client = CoordinatorClient(coordinator.address, insecure=True)
     joiner = None
     try:
         wait_for(lambda: client.health().totals.global_round >= 3, 180, what="the swarm to make progress",
                  procs=donors + [coordinator.proc])
-        joiner = start_node(coordinator.address, coordinator.token, "joiner", tmp_path / "j",
-                            extra=["--threads", "1", "--max-rounds", "0", "--max-steps", "3"])
+        joiner = coordinator.start_node("joiner", tmp_path / "j",
+                                        extra=["--threads", "1", "--max-rounds", "0", "--max-steps", "3"])
         wait_for(lambda: not joiner.alive(), 120, what="the joiner to take three steps")
         assert joiner.stop(10) == 0, joiner.log()[-3000:]
         left = row(client, "joiner")
@@ -78,11 +78,11 @@ def test_third_node_holds_the_donors_state_before_its_first_step(coordinator, tm
 
 
 @pytest.mark.swarm
-def test_checkpoint_fallback_and_resume_with_the_same_identity(tmp_path, corpus_file):
-    running = RunningCoordinator(tmp_path, tiny_config(corpus_file))
+def test_checkpoint_fallback_and_resume_with_the_same_identity(tmp_path, corpus_file, node_zygote):
+    running = RunningCoordinator(tmp_path, tiny_config(corpus_file), zygote=node_zygote)
     client = CoordinatorClient(running.address, insecure=True)
     try:
-        first = start_node(running.address, running.token, "solo", tmp_path / "solo", extra=["--threads", "1"])
+        first = running.start_node("solo", tmp_path / "solo", extra=["--threads", "1"])
         wait_for(lambda: client.health().totals.latest_checkpoint_round >= 2, 120, what="a checkpoint of round 2",
                  procs=[first, running.proc])
         assert first.stop(30) == 0
@@ -90,8 +90,7 @@ def test_checkpoint_fallback_and_resume_with_the_same_identity(tmp_path, corpus_
         node_id = client.health().nodes[0].node_id
 
         # the same identity comes back: same node id, and it resumes where it stopped instead of starting over
-        again = start_node(running.address, running.token, "solo", tmp_path / "solo",
-                           extra=["--threads", "1", "--max-steps", "2"])
+        again = running.start_node("solo", tmp_path / "solo", extra=["--threads", "1", "--max-steps", "2"])
         wait_for(lambda: not again.alive(), 120, what="the restarted node to finish")
         assert again.stop(10) == 0
         resumed = load_checkpoint(tmp_path / "solo" / "last.safetensors")  # 2 steps finish no round: as taken
@@ -101,8 +100,8 @@ def test_checkpoint_fallback_and_resume_with_the_same_identity(tmp_path, corpus_
 
         # a stranger with no state of its own and no peer takes the coordinator's checkpoint
         newest = running.checkpoints()[0]
-        stranger = start_node(running.address, running.token, "stranger", tmp_path / "stranger",
-                              extra=["--threads", "1", "--max-steps", "2"])
+        stranger = running.start_node("stranger", tmp_path / "stranger",
+                                      extra=["--threads", "1", "--max-steps", "2"])
         wait_for(lambda: not stranger.alive(), 120, what="the stranger to start")
         assert stranger.stop(10) == 0
         took = load_checkpoint(tmp_path / "stranger" / "last.safetensors")
@@ -113,7 +112,7 @@ def test_checkpoint_fallback_and_resume_with_the_same_identity(tmp_path, corpus_
 
 
 @pytest.mark.swarm
-def test_new_run_from_a_checkpoint_with_shrink_and_perturb(tmp_path, corpus_file):
+def test_new_run_from_a_checkpoint_with_shrink_and_perturb(tmp_path, corpus_file, node_zygote):
     cfg = tiny_config(corpus_file)
     torch.manual_seed(0)
     old = build_model(cfg)
@@ -128,9 +127,11 @@ def test_new_run_from_a_checkpoint_with_shrink_and_perturb(tmp_path, corpus_file
     (tmp_path / "run.toml").write_text(cfg.to_toml())
     token = Store(state).create_token("t")
     proc, address = start_coordinator(state, tmp_path / "run.toml",
-                                      extra=["--warm-start", str(old_path), "--shrink", "0.5", "--perturb", "0.0"])
+                                      extra=["--warm-start", str(old_path), "--shrink", "0.5", "--perturb", "0.0"],
+                                      zygote=node_zygote)
     try:
-        node = start_node(address, token, "n", tmp_path / "n", extra=["--threads", "1", "--max-steps", "1"])
+        node = start_node(address, token, "n", tmp_path / "n", extra=["--threads", "1", "--max-steps", "1"],
+                          zygote=node_zygote)
         wait_for(lambda: not node.alive(), 120, what="the node to start")
         assert node.stop(10) == 0
     finally:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cotrain.config import RunConfig
 from cotrain.coordinator.store import Store
-from cotrain.cli.launch import start_coordinator
+from cotrain.cli.launch import start_coordinator, start_node
 
 @contextmanager
 def exchanges(keys: Path, namespace: str, n: int = 3):
@@ -73,17 +73,24 @@ def tiny_config(corpus: Path, **overrides) -> RunConfig:
 
 
 class RunningCoordinator:
-    def __init__(self, tmp: Path, cfg: RunConfig, extra=()):
+    """A coordinator process (forked from ``zygote`` when given) with a token for the tests' nodes."""
+
+    def __init__(self, tmp: Path, cfg: RunConfig, extra=(), zygote=None):
         self.state_dir = tmp / "coordinator"
         self.config_path = tmp / "run.toml"
         self.config_path.write_text(cfg.to_toml())
-        self.cfg = cfg
+        self.cfg, self.zygote = cfg, zygote
         self.token = Store(self.state_dir).create_token("tests")
-        self.proc, self.address = start_coordinator(self.state_dir, self.config_path, extra=extra)
+        self.proc, self.address = start_coordinator(self.state_dir, self.config_path, extra=extra,
+                                                       zygote=zygote)
         self.info = json.loads((self.state_dir / "coordinator.json").read_text())
 
     def stop(self) -> int:
         return self.proc.stop(30)
+
+    def start_node(self, name: str, state_dir: Path, log_path=None, extra=()):
+        """``cotrain node join`` this coordinator with the tests' token, forked from the coordinator's zygote."""
+        return start_node(self.address, self.token, name, state_dir, log_path, extra=extra, zygote=self.zygote)
 
     def checkpoints(self):
         """The coordinator's CheckpointRows, newest first."""

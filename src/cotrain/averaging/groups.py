@@ -158,14 +158,17 @@ class Transport(Protocol):
 
 
 def fetch_until(transport: Transport, peers: Mapping[str, Any], key: str, wait_s: float,
-                stop: Optional[threading.Event] = None, retry_s: float = 0.1) -> dict[str, Optional[bytes]]:
+                stop: Optional[threading.Event] = None, retry_s: float = 0.1,
+                gone: Callable[[str], bool] = lambda peer: False) -> dict[str, Optional[bytes]]:
     """``key`` from every peer (id -> transport address), trying again whoever did not answer until ``wait_s`` has
-    passed: a peer reachable only over a connection it opens (behind NAT) answers once it has come to the round."""
+    passed: a peer reachable only over a connection it opens (behind NAT) answers once it has come to the round.
+    ``gone(peer)``: the peer left the swarm (its record on the board says so): nobody asks it again."""
     stop = stop or threading.Event()
     deadline = time.monotonic() + wait_s
     received: dict[str, Optional[bytes]] = {}
     while True:
-        missing = [name for name in peers if not received.get(name)]  # nothing yet, or withdrawn (WITHDRAWN)
+        # nothing yet, or withdrawn (WITHDRAWN), from a peer still in the swarm
+        missing = [name for name in peers if not received.get(name) and not gone(name)]
         left = deadline - time.monotonic()
         if not missing or left <= 0 or stop.is_set():
             return received
@@ -191,7 +194,8 @@ WITHDRAWN = b""
 
 def hold_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[str, Any], wait_s: float,
                  go_wait_s: float, admitted: Callable[[str, bytes], bool],
-                 stop: Optional[threading.Event] = None, subset: bool = False) -> Outcome:
+                 stop: Optional[threading.Event] = None, subset: bool = False,
+                 gone: Callable[[str], bool] = lambda peer: False) -> Outcome:
     """This peer's side of a board group's meeting: publish ``mine``, fetch every planned groupmate's (``peers``: id
     -> transport address, ``me`` excluded) for up to ``wait_s``, decide (:func:`meeting_outcome`), then answer
     which meetings it met and hear the others' answers (up to ``go_wait_s``). The group goes only when every member
@@ -199,10 +203,11 @@ def hold_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[st
     yet) does not fall back while the others start without it, and a peer that read a groupmate's earlier meeting
     of the round (``Meeting.attempt``) does not go with one that met its later one. A meeting is published under
     the round's tag and each answer under its attempt: answers never change once given. ``subset``: the planned
-    peers that came and agree go without the others (:func:`meeting_outcome`); the answers asked for are theirs."""
+    peers that came and agree go without the others (:func:`meeting_outcome`); the answers asked for are theirs.
+    ``gone(peer)``: a planned groupmate left the swarm since the plan (the board says so): not waited for."""
     tag = f"meet-r{mine.round}"
     transport.publish(tag, f"{tag}/meeting", mine.encode())
-    received = fetch_until(transport, peers, f"{tag}/meeting", wait_s, stop)
+    received = fetch_until(transport, peers, f"{tag}/meeting", wait_s, stop, gone=gone)
     outcome = meeting_outcome(me, mine, [me, *peers], received, admitted, subset=subset)
     view = meeting_view(outcome.meetings) if outcome.ok else NO_GO
     transport.publish(tag, f"{tag}/go/{mine.attempt}", view)

@@ -395,10 +395,10 @@ class Node:
             if averaging.round != status_round and now - last_trim >= TRIM_EVERY_S:
                 last_trim = now
                 release_freed_memory()  # what the rounds' exchanges and states left freed in the heap
-            if status_file is not None and (averaging.round != status_round or
-                                            now - last_log >= self.options.log_every_s):
+            if averaging.round != status_round or now - last_log >= self.options.log_every_s:
                 status_round = averaging.round
-                status_file.due()
+                if status_file is not None:
+                    status_file.due()
             if now - last_log >= self.options.log_every_s:
                 last_log = now
                 s = averaging.stats

@@ -46,8 +46,10 @@ class StatusFile:
             try:
                 data = json.dumps(self.snapshot()).encode()
                 atomic_write_bytes(self.path, data, durable=False)
-            except OSError as e:
+            except OSError as e:  # a full disk, a folder gone: logged once per outage
                 self._outage.failed(e, action="training on")
+            except Exception as e:  # noqa: BLE001 - a bug in the figures: logged with its traceback, the thread lives
+                self._outage.failed(e, expected=False, action="training on")
             else:
                 self.writes += 1
                 self._outage.succeeded()

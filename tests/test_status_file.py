@@ -47,3 +47,21 @@ def test_a_failed_write_is_recorded_not_raised(tmp_path):
     status.due()
     status.close()  # the thread's write and the last one both fail: logged, the node trains on
     assert status.writes == 0 and status._outage.down
+
+
+def test_a_snapshot_that_raises_is_recorded_and_the_writer_lives_on(tmp_path):
+    figures = iter([ValueError("a bug in the figures"), {"round": 2}, {"round": 3}])
+
+    def snapshot():
+        item = next(figures)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    status = StatusFile(tmp_path / "status.json", snapshot)
+    status.due()
+    wait_until(lambda: status._outage.down)
+    status.due()  # the thread still writes
+    wait_until(lambda: status.writes == 1)
+    status.close()
+    assert json.loads((tmp_path / "status.json").read_text()) == {"round": 3} and not status._outage.down

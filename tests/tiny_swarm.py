@@ -81,8 +81,7 @@ class RunningCoordinator:
         self.config_path.write_text(cfg.to_toml())
         self.cfg, self.zygote = cfg, zygote
         self.token = Store(self.state_dir).create_token("tests")
-        self.proc, self.address = start_coordinator(self.state_dir, self.config_path, extra=extra,
-                                                       zygote=zygote)
+        self.proc, self.address = start_coordinator(self.state_dir, self.config_path, extra=extra, zygote=zygote)
         self.info = json.loads((self.state_dir / "coordinator.json").read_text())
 
     def stop(self) -> int:

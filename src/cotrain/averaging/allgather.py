@@ -68,13 +68,19 @@ def sparse_allgather(exchange: Exchange, tag: str, group: Sequence, me, vector: 
     numel = vector.numel()
     payload = codec.encode(vector.detach().float().cpu().reshape(-1))
     own = struct.pack("<d", weight) + payload
-    # read by every groupmate that asks us (all but those undialable like us, who ask the relay)
-    exchange.publish(tag, f"{tag}/in/{names[mine]}", own,
-                     readers=sum(1 for k in range(n) if k != mine and (flags[mine] or flags[k])))
+
+    def source(k: int, j: int) -> int:
+        """Whom peer k asks for peer j's payload: j itself, or the relay when neither of them can be dialled."""
+        return j if (flags[j] or flags[k]) else relay
+
+    def readers(j: int) -> int:
+        """How many groupmates ask this peer for peer j's payload (see Exchange.publish)."""
+        return sum(1 for k in range(n) if k not in (j, mine) and source(k, j) == mine)
+
+    exchange.publish(tag, f"{tag}/in/{names[mine]}", own, readers=readers(mine))
     limit = 8 + codec.payload_bytes_bound(numel)
 
-    # whom to ask for each groupmate's payload: itself, or the relay when neither of us can be dialled
-    sources = [j if (flags[j] or flags[mine]) else relay for j in range(n)]
+    sources = [source(mine, j) for j in range(n)]
     if not flags[mine] and not flags[relay]:
         raise AllReduceFailed("no groupmate can be dialled: nobody can relay payloads")
     wanted = [j for j in range(n) if j != mine]
@@ -84,8 +90,7 @@ def sparse_allgather(exchange: Exchange, tag: str, group: Sequence, me, vector: 
     if mine == relay:
         for j in wanted:  # republish what the undialable peers sent, for each other
             if not flags[j] and fetched[j] is not None:
-                exchange.publish(tag, f"{tag}/in/{names[j]}", fetched[j],
-                                 readers=sum(1 for k in range(n) if k not in (j, mine) and not flags[k]))
+                exchange.publish(tag, f"{tag}/in/{names[j]}", fetched[j], readers=readers(j))
 
     supports, weights, dropped = [], [], {}
     sent = None

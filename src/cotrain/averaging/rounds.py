@@ -596,12 +596,12 @@ class RoundAverager(abc.ABC):
             return self.admission.check(cred, peer, "a place in an averaging group").ok
 
         self._meeting_held = True
-        # the early meeting (this peer just took its H steps) waits for all its planned groupmates, or trains on
-        # while round_decision waits for the slower ones; a later one (the round's wait is over, or a groupmate
-        # already averages) goes with the planned peers that came and agree, two at least
         def gone(peer: str) -> bool:  # it said on the board that it left (a node stopping after its last round)
             return any(p.peer_id == peer and p.phase == "left" for p in self._peers)
 
+        # the early meeting (this peer just took its H steps) waits for all its planned groupmates, or trains on
+        # while round_decision waits for the slower ones; a later one (the round's wait is over, or a groupmate
+        # already averages) goes with the planned peers that came and agree, two at least
         outcome = hold_meeting(self.exchange, self.peer_id, mine, peers, self.cfg.matchmaking_time,
                                self.cfg.request_timeout, admitted, self._stop, subset=not launch.early, gone=gone)
         if not outcome.ok:

@@ -70,13 +70,13 @@ def test_record_key_is_kept_across_restarts(tmp_path):
 def test_progress_records_are_signed_and_validated(members):
     a, b, board_a, board_b = members()
     alice, bob = str(a.peer_id), str(b.peer_id)
-    board_a.publish(PeerProgress(alice, round=7, steps=3, samples=96))
+    board_a.publish(PeerProgress(alice, round=7, steps=3, samples=96, since=1234.5))
     board_b.publish(PeerProgress(bob, round=7, steps=1, samples=32))
     peers = _read_until(board_b, lambda ps: {p.peer_id for p in ps} == {alice, bob})
-    assert {p.peer_id: p.round for p in peers} == {alice: 7, bob: 7}
+    assert {p.peer_id: (p.round, p.since) for p in peers} == {alice: (7, 1234.5), bob: (7, 0.0)}
 
     forged = dict(round=999, steps=0, samples=0, phase="train", mid_round=False, time=float(get_dht_time()),
-                  reducer=True, cred=board_b.admission.credential())
+                  reducer=True, since=0.0, cred=board_b.admission.credential())
     expires = get_dht_time() + 60
     # bob writes under alice's subkey, even with alice's own credential: unsigned by alice's key, refused
     assert not b.store(board_a.key, subkey=board_a.subkey(alice), value=dict(forged, cred=board_a.admission.credential()),
@@ -89,6 +89,10 @@ def test_progress_records_are_signed_and_validated(members):
                        expiration_time=expires)
     assert not b.store(board_b.key, subkey=board_b.subkey(bob), value=dict(forged, round="999"),
                        expiration_time=expires)
+    assert not b.store(board_b.key, subkey=board_b.subkey(bob), value=dict(forged, since="soon"),
+                       expiration_time=expires)
+    older = {k: v for k, v in forged.items() if k != "since"}  # a record of protocol version 1
+    assert not b.store(board_b.key, subkey=board_b.subkey(bob), value=older, expiration_time=expires)
     # bob's own record, right shape: accepted
     assert b.store(board_b.key, subkey=board_b.subkey(bob), value=dict(forged, round=8), expiration_time=expires)
 
@@ -122,7 +126,7 @@ def test_a_sharded_board_keeps_each_record_in_its_rounds_shard(members):
     # every shard's key is held to the schema and the members' check, not only the first
     key = board_b.keys[board_b.shard(together, bob)]
     forged = dict(round=1, steps=0, samples=0, phase="train", mid_round=False, time=float(get_dht_time()),
-                  reducer=True, cred=board_b.admission.credential())
+                  reducer=True, since=0.0, cred=board_b.admission.credential())
     expires = get_dht_time() + 60
     assert not b.store(key, subkey=board_b.subkey(bob), value=dict(forged, round=-1), expiration_time=expires)
     assert not b.store(key, subkey=board_b.subkey(bob), value=dict(forged, cred=b"not a credential"),

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from cotrain.averaging.groups import (MAX_MEETING_BYTES, NO_GO, Meeting, group_key, group_of, hold_meeting,
-                                      meeting_outcome, plan_groups)
+from cotrain.averaging.groups import (MAX_MEETING_BYTES, MAX_ROSTER_BYTES, WITHDRAWN, Meeting, Roster, group_of,
+                                      hold_meeting, host_key, host_of, meeting_outcome, plan_arrival_groups,
+                                      plan_groups)
 
 PEERS = [f"Qm{i:02d}" for i in range(10)]
 
@@ -37,9 +38,31 @@ def test_groupmates_change_from_round_to_round_and_with_the_run():
     assert plan_groups(1, PEERS, 2, "run") != plan_groups(1, PEERS, 2, "other-run")
 
 
-def test_group_key_names_the_round_and_the_members():
-    assert group_key(1, ["a", "b"]) == group_key(1, ["b", "a"])
-    assert len({group_key(1, ["a", "b"]), group_key(2, ["a", "b"]), group_key(1, ["a", "c"])}) == 3
+def test_a_sharded_round_is_cut_into_groups_in_the_order_its_peers_came():
+    came = [(10.0, "e"), (3.0, "b"), (1.0, "d"), (3.0, "a"), (7.0, "c")]  # a and b came together: by id
+    assert plan_arrival_groups(came, 2) == [["d", "a"], ["b", "c"], ["e"]]  # the last one waits for a next peer
+    assert plan_arrival_groups(came, 0) == [["d", "a", "b", "c", "e"]]
+    assert plan_arrival_groups([], 4) == []
+    # a view that holds a peer twice (two records of it) places it once, where it came first
+    assert plan_arrival_groups([(5.0, "a"), (1.0, "b"), (2.0, "a")], 4) == [["b", "a"]]
+
+
+def test_a_newcomer_changes_no_arrival_group_but_the_last():
+    """Peers of a shard read the board at different moments: a view that saw more of the round's newcomers must
+    agree with one that saw fewer on every group that view had filled (plan_groups' shuffle changes them all)."""
+    came = [(float(t), peer) for t, peer in zip([4, 9, 1, 7, 3, 8, 2, 6, 5, 0], PEERS)]
+    order = sorted(came)
+    for seen in range(1, len(order)):
+        fewer, more = plan_arrival_groups(order[:seen], 3), plan_arrival_groups(order[:seen + 1], 3)
+        full = [g for g in fewer if len(g) == 3]
+        assert more[:len(full)] == full, (seen, fewer, more)
+    shuffled = [plan_groups(1, [p for _, p in order[:seen]], 3, "run") for seen in (6, 7)]
+    assert shuffled[0][0] not in shuffled[1]  # what the arrival order is for: one newcomer reshuffles the plan
+
+
+def test_host_key_names_the_round_and_the_host():
+    assert host_key(1, "a") == host_key(1, "a")
+    assert len({host_key(1, "a"), host_key(2, "a"), host_key(1, "b")}) == 3
 
 
 def meeting(round_number=4, group="g", cred=b"ok", **kw):
@@ -65,7 +88,7 @@ def admit_ok(peer, cred):
 
 def test_a_group_meets_only_when_every_planned_peer_agrees():
     members = ["me", "a", "b"]
-    key = group_key(4, members)
+    key = host_key(4, "me")
     mine = meeting(group=key)
     good = {"a": meeting(group=key).encode(), "b": meeting(group=key, samples=7).encode()}
     outcome = meeting_outcome("me", mine, members, good, admit_ok)
@@ -73,7 +96,7 @@ def test_a_group_meets_only_when_every_planned_peer_agrees():
 
     cases = {
         "did not come": dict(good, b=None),
-        "another group": dict(good, b=meeting(group=group_key(4, ["me", "b"])).encode()),
+        "another group": dict(good, b=meeting(group=host_key(4, "b")).encode()),
         "round 5": dict(good, b=meeting(round_number=5, group=key).encode()),
         "credential": dict(good, b=meeting(group=key, cred=b"forged").encode()),
         "no meeting": dict(good, b=b"garbage"),
@@ -92,6 +115,7 @@ class Board:
     def __init__(self):
         self.pieces: dict[tuple[str, str], bytes] = {}
         self.asked: list[tuple[str, str]] = []  # (peer, key) of every fetch
+        self.dialled: set[tuple[str, str]] = set()  # (who fetched, from whom)
         self.lock = threading.Condition()
 
     def transport(self, owner: str) -> "FakeTransport":
@@ -111,6 +135,7 @@ class FakeTransport:
         deadline = time.monotonic() + wait_s
         with self.board.lock:
             self.board.asked.extend(requests)
+            self.board.dialled.update((self.owner, peer) for peer, _ in requests)
             while True:
                 got = [self.board.pieces.get((peer, key)) for peer, key in requests]
                 left = deadline - time.monotonic()
@@ -120,16 +145,18 @@ class FakeTransport:
 
 
 def meet_all(plans: dict[str, list[str]], wait_s: float = 2.0, absent=(), subset: bool = False, gone=(),
-             board=None) -> dict:
-    """Every peer of ``plans`` (peer -> the group it planned) holds its meeting on one board, in its own thread;
-    the peers in ``gone`` left the swarm (as the progress board would tell the others)."""
+             board=None, dial_out_only=()) -> dict:
+    """Every peer of ``plans`` (peer -> the group it planned) holds its meeting on one board, in its own thread, at
+    the host of its plan (its first member not in ``dial_out_only``); the peers in ``gone`` left the swarm (as the
+    progress board would tell the others)."""
     board, outcomes = board or Board(), {}
 
     def one(me, members):
-        mine = meeting(group=group_key(4, members))
+        host = host_of(members, lambda peer: peer not in dial_out_only)
+        mine = meeting(group=host_key(4, host))
         peers = {m: m for m in members if m != me}
-        outcomes[me] = hold_meeting(board.transport(me), me, mine, peers, wait_s, wait_s, admit_ok, subset=subset,
-                                    gone=lambda peer: peer in gone)
+        outcomes[me] = hold_meeting(board.transport(me), me, mine, host, peers, wait_s, wait_s, admit_ok,
+                                    subset=subset, gone=lambda peer: peer in gone)
 
     threads = [threading.Thread(target=one, args=item) for item in plans.items() if item[0] not in absent]
     for t in threads:
@@ -145,56 +172,95 @@ def test_peers_that_planned_the_same_group_meet_and_go_together():
     assert all(set(o.meetings) == {"a", "b", "c"} for o in outcomes.values())
 
 
-def test_a_peer_that_saw_another_board_does_not_meet_and_the_others_go_without_it():
-    # c's board showed it a peer the others had not seen yet: a and b planned {a, b}, c planned {a, b, c}
+def test_only_the_host_reads_the_members_meetings():
+    """Members never fetch each other's meetings: two peers behind NAT, who cannot dial each other, meet through a
+    host they can both dial."""
+    board = Board()
+    outcomes = meet_all({p: ["a", "b", "c"] for p in "abc"}, board=board, dial_out_only={"a", "b"})
+    assert all(o.ok and set(o.meetings) == {"a", "b", "c"} for o in outcomes.values()), outcomes
+    assert board.dialled == {("a", "c"), ("b", "c"), ("c", "a"), ("c", "b")}, board.dialled
+    assert host_of(["a", "b"], lambda peer: False) is None  # nobody to dial: no meeting
+
+
+def test_a_member_that_planned_more_peers_goes_with_the_hosts_plan():
+    # c's board showed it a peer the others had not seen yet (d, not at the meeting): c planned {a, b, c, d}, the
+    # others {a, b, c}. All name the host a, whose plan decides: a, b and c go
+    outcomes = meet_all({"a": ["a", "b", "c"], "b": ["a", "b", "c"], "c": ["a", "b", "c", "d"]})
+    assert all(o.ok and set(o.meetings) == {"a", "b", "c"} for o in outcomes.values()), outcomes
+
+
+def test_a_peer_the_host_did_not_plan_does_not_go_and_rereads_the_board():
+    # c saw itself in a and b's group; they had not seen c yet, and went without it
     outcomes = meet_all({"a": ["a", "b"], "b": ["a", "b"], "c": ["a", "b", "c"]})
     assert outcomes["a"].ok and outcomes["b"].ok and set(outcomes["a"].meetings) == {"a", "b"}
-    assert not outcomes["c"].ok and "planned another group" in outcomes["c"].reason
+    assert not outcomes["c"].ok and outcomes["c"].disagreed, outcomes["c"]
+
+
+def test_a_peer_that_planned_another_host_does_not_meet_and_the_others_go_without_it():
+    # c planned a group hosted by "0", a peer a and b did not see: its meeting names another host
+    outcomes = meet_all({"a": ["a", "b", "c"], "b": ["a", "b", "c"], "c": ["0", "a", "b", "c"]}, wait_s=0.5,
+                        subset=True)
+    assert outcomes["a"].ok and outcomes["b"].ok, outcomes
+    assert set(outcomes["a"].meetings) == set(outcomes["b"].meetings) == {"a", "b"}
+    assert not outcomes["c"].ok
+    # all or nothing (the early meeting), the host's plan fails on c, and says so to b
+    outcomes = meet_all({"a": ["a", "b", "c"], "b": ["a", "b", "c"], "c": ["0", "a", "b", "c"]}, wait_s=0.5)
+    assert not any(o.ok for o in outcomes.values()), outcomes
+    assert outcomes["a"].disagreed
 
 
 def test_nobody_goes_when_a_planned_peer_does_not_come():
     outcomes = meet_all({p: ["a", "b", "c"] for p in "abc"}, wait_s=0.5, absent={"c"})
     assert set(outcomes) == {"a", "b"} and not any(o.ok for o in outcomes.values())
     assert all("did not come" in o.reason for o in outcomes.values())
+    outcomes = meet_all({p: ["a", "b", "c"] for p in "abc"}, wait_s=0.5, absent={"a"})  # the host did not come
+    assert set(outcomes) == {"b", "c"} and not any(o.ok for o in outcomes.values())
 
 
-def test_a_groupmate_whose_meeting_failed_stops_the_others():
-    # a's and b's meetings agree, but c reached them planning another group and says so: nobody of {a,b,c} goes
-    outcomes = meet_all({"a": ["a", "b", "c"], "b": ["a", "b", "c"], "c": ["a", "b", "c", "d"]}, wait_s=0.5)
-    assert not any(o.ok for o in outcomes.values()), outcomes
-
-
-def test_a_peer_that_read_an_earlier_meeting_of_a_groupmate_does_not_go_with_it():
-    # a's first meeting of the round did not fill; b read it in the moment before a withdrew it. With one answer
-    # a round, a meeting again would go (b said "yes") while b stayed (a's first answer was "no"). Each meeting is
-    # answered apart, with which meetings the peer met, and a failed one is withdrawn: neither goes, both meet again
+def test_a_member_does_not_go_with_a_hosts_earlier_meeting_that_did_not_fill():
+    # a (the host) held a meeting of the round that did not fill: its roster says so and its meeting is withdrawn.
+    # b, coming now, waits for a's next meeting and goes with it
     board = Board()
-    key = group_key(4, ["a", "b"])
+    key = host_key(4, "a")
     a_transport = board.transport("a")
-    a_transport.publish("meet-r4", "meet-r4/meeting", meeting(group=key).encode())  # a's first meeting, failing
-    a_transport.publish("meet-r4", "meet-r4/go/0", NO_GO)
-    b = hold_meeting(board.transport("b"), "b", meeting(group=key), {"a": "a"}, 1.0, 1.0, admit_ok)
-    assert not b.ok and "its meeting failed" in b.reason
-    a = hold_meeting(a_transport, "a", meeting(group=key, attempt=1), {"b": "b"}, 0.3, 0.3, admit_ok)
-    assert not a.ok and "did not come" in a.reason  # b's failed meeting was withdrawn: a does not meet it
-    # their next meetings agree: both go, whoever publishes first
+    a_transport.publish("meet-r4", "meet-r4/meeting", meeting(group=key).encode())
+    a_transport.publish("meet-r4", "meet-r4/roster/0", Roster(4, 0, {}, {}, "peer b did not come").encode())
+    a_transport.publish("meet-r4", "meet-r4/meeting", WITHDRAWN)
     outcomes = {}
-    threads = [threading.Thread(target=lambda me, other, n: outcomes.__setitem__(me, hold_meeting(
-        board.transport(me), me, meeting(group=key, attempt=n), {other: other}, 2.0, 2.0, admit_ok)),
-        args=args) for args in (("a", "b", 2), ("b", "a", 1))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    b = threading.Thread(target=lambda: outcomes.__setitem__("b", hold_meeting(
+        board.transport("b"), "b", meeting(group=key), "a", {"a": "a"}, 2.0, 2.0, admit_ok)))
+    b.start()
+    outcomes["a"] = hold_meeting(a_transport, "a", meeting(group=key, attempt=1), "a", {"b": "b"}, 2.0, 2.0, admit_ok)
+    b.join(30)
     assert outcomes["a"].ok and outcomes["b"].ok, outcomes
+    # a roster that lists a member this meeting did not plan, or one with a forged credential: nobody goes with it
+    for members in ({"a": meeting(group=key, attempt=2).encode(), "b": meeting(group=key).encode(),
+                     "x": meeting(group=host_key(4, "x")).encode()},
+                    {"a": meeting(group=key, attempt=2).encode(), "b": meeting(group=key).encode(),
+                     "x": meeting(group=key, cred=b"forged").encode()}):
+        a_transport.publish("meet-r4", "meet-r4/meeting", meeting(group=key, attempt=2).encode())
+        a_transport.publish("meet-r4", "meet-r4/roster/2", Roster(4, 2, members, {"b": 0}, "").encode())
+        b = hold_meeting(board.transport("b"), "b", meeting(group=key), "a", {"a": "a"}, 1.0, 1.0, admit_ok)
+        assert not b.ok and "x" in b.reason, b
+
+
+def test_a_roster_survives_the_wire_and_bad_bytes_name_the_field():
+    r = Roster(4, 1, {"a": b"\x01\x02", "b": b""}, {"b": 0}, "all 2 planned peers met")
+    assert Roster.decode(r.encode()) == r
+    for data, field in [(b"\xff", "JSON"), (b"[1]", "object"), (b'{"round": "4"}', "round"),
+                        (r.encode().replace(b'"members": {"a": "0102"', b'"members": {"a": "zz"'), "members"),
+                        (r.encode().replace(b'"seen": {"b": 0}', b'"seen": {"b": "0"}'), "seen"),
+                        (b"x" * (MAX_ROSTER_BYTES + 1), "bytes")]:
+        with pytest.raises(ValueError, match=field):
+            Roster.decode(data)
 
 
 def test_with_subset_the_planned_peers_that_came_and_agree_meet_without_the_others():
     members = ["me", "a", "b", "c"]
-    key = group_key(4, members)
+    key = host_key(4, "me")
     mine = meeting(group=key)
     received = {"a": meeting(group=key).encode(), "b": None,
-                "c": meeting(group=group_key(4, ["me", "c"])).encode()}
+                "c": meeting(group=host_key(4, "c")).encode()}
     outcome = meeting_outcome("me", mine, members, received, admit_ok, subset=True)
     assert outcome.ok and set(outcome.meetings) == {"me", "a"}, outcome
     assert "2 of the 4" in outcome.reason
@@ -220,12 +286,3 @@ def test_a_planned_peer_that_left_is_not_waited_for():
     assert set(outcomes) == {"a", "b"} and all(o.ok for o in outcomes.values()), outcomes
     assert all(set(o.meetings) == {"a", "b"} for o in outcomes.values())
     assert not [key for peer, key in board.asked if peer == "c"], board.asked
-
-
-def test_with_subset_the_agreeing_peers_go_and_the_one_with_another_plan_does_not():
-    # the case where, all or nothing, nobody of {a, b, c} went
-    outcomes = meet_all({"a": ["a", "b", "c"], "b": ["a", "b", "c"], "c": ["a", "b", "c", "d"]}, wait_s=0.5,
-                        subset=True)
-    assert outcomes["a"].ok and outcomes["b"].ok, outcomes
-    assert set(outcomes["a"].meetings) == set(outcomes["b"].meetings) == {"a", "b"}
-    assert not outcomes["c"].ok

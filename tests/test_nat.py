@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -60,10 +61,11 @@ def swarm_status(lab: netns.NatLab, address: str) -> dict:
 
 
 def train_behind_nat(lab: netns.NatLab, tmp_path: Path, corpus: Path, nodes: list[tuple[str, str, list[str]]],
-                     rounds: int = ROUNDS):
+                     rounds: int = ROUNDS, averaging: Optional[dict] = None):
     """A coordinator on the lab's public address and one node per (name, namespace, extra flags), all training
-    ``rounds`` rounds; -> (health rows by node name after they left, final shared states by node name)."""
-    (tmp_path / "run.toml").write_text(tiny_config(corpus).to_toml())
+    ``rounds`` rounds (``averaging``: settings of the run's [averaging] over tiny_config's); -> (health rows by
+    node name after they left, final shared states by node name)."""
+    (tmp_path / "run.toml").write_text(tiny_config(corpus, averaging=averaging or {}).to_toml())
     store = Store(tmp_path / "coordinator")
     token = store.create_token("nat")
     store.close()
@@ -153,13 +155,16 @@ def test_a_dial_out_only_node_trains_with_a_public_node(lab_factory, tmp_path, c
 def test_all_nodes_but_one_dial_out_only(lab_factory, tmp_path, corpus_file):
     """(b) and (c) in one: three nodes, two of them behind NAT (each in its own namespace, unable to reach the other
     at all) and one public. One NAT node finds out by itself, the other says so (``--client-mode``), so both ways
-    into client mode meet the public node and each other in the same rounds."""
+    into client mode meet the public node and each other in the same rounds. Groups form on the board alone
+    (``board_only``: no hivemind matchmaking to fall back on): the two NAT nodes, which cannot reach each other,
+    meet at the public node, their group's host."""
     lab = lab_factory(2)
     rows, finals = train_behind_nat(lab, tmp_path, corpus_file, [
         ("public", lab.public, ["--dht-host", lab.public_ip]),
         ("nat-auto", lab.nats[0], []),
         ("nat-forced", lab.nats[1], ["--client-mode"]),
-    ])
+    ], averaging={"group_formation": "board_only"})
     assert_one_model(rows, finals)
     assert {n: rows[n]["reachability"] for n in rows} == {"public": PUBLIC, "nat-auto": DIAL_OUT,
                                                           "nat-forced": DIAL_OUT}
+    assert all(rows[n]["metrics"]["groups_from_board"] >= 1 for n in rows), {n: rows[n]["metrics"] for n in rows}

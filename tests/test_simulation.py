@@ -11,9 +11,10 @@ def run(peers, shards, **kw):
 def test_a_sharded_board_reads_about_the_same_records_whatever_the_swarm_size():
     small, large = run(40, 5), run(160, 20)
     one_small, one_large = run(40, 1), run(160, 1)
-    # one key: every read is the whole swarm; shards of ~8: a read stays near 8 records
+    # one key: every read is the whole swarm; shards of ~8: a read stays near 8 records a round its records live
     assert one_large.records_per_read > 3 * one_small.records_per_read
-    assert large.records_per_read < 1.5 * small.records_per_read and large.records_per_read < 16
+    assert large.records_per_read < 1.5 * small.records_per_read
+    assert large.records_per_read < one_large.records_per_read / 4
     # what the board costs a node: grows 4x with the swarm on one key, only by the lookups' log N with shards
     assert one_large.dht_bytes_per_node_min > 3 * one_small.dht_bytes_per_node_min
     assert large.dht_bytes_per_node_min < 1.5 * small.dht_bytes_per_node_min

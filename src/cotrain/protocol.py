@@ -6,8 +6,10 @@ from pathlib import Path
 
 import grpc
 
-PROTOCOL_VERSION = 1
-SUPPORTED_PROTOCOL_VERSIONS = (1,)
+#: 2: progress records carry ``since`` (when the peer came to its round), and the board refuses records without it:
+#: a node of version 1 could not publish its progress to nodes of version 2, so the coordinator does not admit it
+PROTOCOL_VERSION = 2
+SUPPORTED_PROTOCOL_VERSIONS = (2,)
 
 #: a node's reachability, as the coordinator found it when it dialled the node's DHT address (RegisterPeer)
 PUBLIC, DIAL_OUT_ONLY = "public", "dial-out only"

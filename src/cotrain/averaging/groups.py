@@ -3,12 +3,17 @@
 hivemind's matchmaking assembles a group by waiting ``matchmaking_time`` for followers: every round paid that
 timer before a byte moved. But the progress board already says who is at which round, so each peer of the round
 can compute the groups itself (:func:`plan_groups`: the round's peers in a fixed order, shuffled by a seed every
-peer knows and cut into groups of ``target_group_size``) and then only check that its groupmates computed the same
-one: each publishes a small :class:`Meeting` (the group's key, its weight, its state hash and its credential) and
-fetches its groupmates' (:func:`meeting_outcome`). When they all agree the all-reduce starts at once, a round trip
-after the last groupmate got there; when they do not (a peer that joined between two board reads, one that left)
-the caller falls back to hivemind's matchmaking, which forms a group out of whoever is there. A meeting held once
-the round's wait is over (``subset``) goes with the planned peers that came and agree, when they are two or more.
+peer knows and cut into groups of ``target_group_size``; on a sharded board, :func:`plan_arrival_groups`: the
+shard's peers in the order they came to the round) and then meet its groupmates at the group's host
+(:func:`host_of`: its first member that can be dialled). Each publishes a small :class:`Meeting` (the host it
+names, its weight, its state hash and its credential); the host fetches its planned groupmates', decides
+(:func:`meeting_outcome`) and publishes a :class:`Roster` of who goes, which the others fetch
+(:func:`hold_meeting`). When they all come the all-reduce starts at once, a round trip or two after the last one
+got there. One peer decides, so those that go agree on the group; peers whose views of the board differ (one read
+it before a newcomer came) still meet when they name the same host and the host planned them; and members behind
+NAT, who cannot dial each other, meet through the host. When the meeting does not fill the caller trains on and
+meets again, or falls back to hivemind's matchmaking. A meeting held once the round's wait is over (``subset``)
+goes with the planned peers that came and agree, when they are two or more.
 """
 
 from __future__ import annotations
@@ -44,13 +49,35 @@ def plan_groups(round_number: int, peers: Sequence[str], target_group_size: int,
     return [sorted(members[i::count]) for i in range(count)]
 
 
+def plan_arrival_groups(arrivals: Sequence[tuple[float, str]], target_group_size: int) -> list[list[str]]:
+    """The groups of a round in one shard of a sharded board: its peers in the order they came to the round
+    (``arrivals``: (when each began the round, its id); ties by id), cut into consecutive groups of
+    ``target_group_size`` (0: one group). A last group of one stays one: it can form no group until a next peer
+    comes (merging it into the group before would change that group back and forth with every newcomer).
+
+    Why not :func:`plan_groups`' shuffle: the peers of a shard come to a round one after another, and each plans
+    from the view of its last read. A shuffle of the whole round changes every group with every newcomer, so two
+    peers that differed by one arrival disagreed on all groups: at 32 nodes (bench/scale.py) a third of the
+    board's meetings failed on "planned another group". In arrival order a newcomer only joins the last group or
+    starts one: views that differ in who came last agree on every group before. Mixing across the swarm comes
+    from the shards, dealt afresh every round (:func:`cotrain.averaging.progress.shard_of`)."""
+    came: dict[str, float] = {}
+    for since, peer in arrivals:  # one place a peer (its earliest, should a view hold two)
+        came[peer] = min(since, came.get(peer, since))
+    members = sorted(came, key=lambda peer: (came[peer], peer))
+    if not members:
+        return []
+    size = target_group_size if target_group_size > 0 else len(members)
+    return [members[i:i + size] for i in range(0, len(members), size)]
+
+
 def group_of(me: str, groups: Sequence[Sequence[str]]) -> list[str]:
     return next((list(g) for g in groups if me in g), [me])
 
 
-def group_key(round_number: int, members: Sequence[str]) -> str:
-    """Names a round's group: two peers agree on their group exactly when their keys are equal."""
-    return hashlib.sha1(f"{round_number}|{'|'.join(sorted(members))}".encode()).hexdigest()[:16]
+def host_key(round_number: int, host: str) -> str:
+    """A meeting's ``group``: names the round and the host it goes to (members that name the same one meet)."""
+    return hashlib.sha1(f"{round_number}|{host}".encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -58,7 +85,7 @@ class Meeting:
     """What a peer tells its planned groupmates before the all-reduce (what matchmaking's gather carried)."""
 
     round: int
-    group: str  # group_key of the group it planned
+    group: str  # host_key of the round and the host it goes to
     samples: int  # its weight: the samples of its round
     hash: str  # its shared state's hash (a peer whose state differs resyncs after the round)
     reducer: bool  # False: nobody can dial it (behind NAT), it reduces no part
@@ -102,8 +129,9 @@ class Outcome:
     ok: bool
     reason: str
     meetings: Mapping[str, Meeting]  # groupmate -> its meeting (the planner's own included), when ok
-    #: a groupmate planned another group for the round: its view of the board differed from ours (a peer that
-    #: joined or left between two reads). Matchmaking cannot help when it already went on with its own group
+    #: a groupmate planned another group for the round (its meeting names another host), or the host did not plan
+    #: us: its view of the board differed from ours (a peer that joined or left between two reads). Matchmaking
+    #: cannot help when it already went on with its own group
     disagreed: bool = False
 
 
@@ -113,10 +141,8 @@ def meeting_outcome(me: str, mine: Meeting, members: Sequence[str], received: Ma
     and carries a credential ``admitted(peer, cred)`` accepts. -> the outcome, with the reason in words.
 
     ``subset``: the planned peers that did so meet without the others, when they are two at least (this one
-    included). Every peer that planned the same group planned the same members (the group's key names them), so
-    they all fetch the same meetings; whether they all got the same ones is :func:`hold_meeting`'s answers' to
-    check. For a meeting held when peers had every chance to come (the round's wait is over, or a groupmate already
-    averages): at 32 nodes on a sharded board, read every 4 s, views of who is at a round differed so often that
+    included): the host's decision, which its roster tells the others. For a meeting held when peers had every
+    chance to come (the round's wait is over, or a groupmate already averages): at 32 nodes on a sharded board, read every 4 s, views of who is at a round differed so often that
     618 all-or-nothing meetings failed against 39 rounds applied."""
     meetings = {me: mine}
     failures: list[Outcome] = []
@@ -178,49 +204,151 @@ def fetch_until(transport: Transport, peers: Mapping[str, Any], key: str, wait_s
             stop.wait(min(retry_s, max(0.0, deadline - time.monotonic())))
 
 
-def meeting_view(meetings: Mapping[str, Meeting]) -> bytes:
-    """Which meeting of each member a peer met (member and attempt), as a short digest: the members of a group go
-    only when all of them met the very same meetings."""
-    seen = "|".join(f"{peer}:{m.attempt}" for peer, m in sorted(meetings.items()))
-    return hashlib.sha1(seen.encode()).hexdigest()[:16].encode()
-
-
-#: a peer's answer after a meeting that did not fill (a view digest is 16 hex characters, never this)
-NO_GO = b"-"
-#: what stands under a peer's meeting key once its meeting did not fill: a groupmate meeting it again waits for
-#: its next meeting, instead of meeting the old one (and then failing on its answer, over and over)
+#: what stands under a peer's meeting key once its meeting did not fill: its host, meeting again, waits for its next
+#: meeting instead of reading the old one (and the old one's groupmates read that it was withdrawn)
 WITHDRAWN = b""
+#: a roster lists a group's meetings (a few hundred bytes each): far more than any group's
+MAX_ROSTER_BYTES = 256 * 1024
+MAX_ROSTER_MEMBERS = 256
 
 
-def hold_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[str, Any], wait_s: float,
+def host_of(members: Sequence[str], dialable: Callable[[str], bool]) -> Optional[str]:
+    """The planned group's host: its first member (in the plan's order) that peers can dial; None when none can be
+    (then nobody could reach anybody's meeting, nor reduce a part of the all-reduce)."""
+    return next((peer for peer in members if dialable(peer)), None)
+
+
+@dataclass(frozen=True)
+class Roster:
+    """What a group's host decided at one of its meetings: the meetings of the peers that go (its own included;
+    empty when the meeting did not fill), which planned peers' meetings it read (peer -> attempt), and why."""
+
+    round: int
+    attempt: int  # the host's meeting it decides
+    members: Mapping[str, bytes]  # peer -> its meeting as the host read it
+    seen: Mapping[str, int]
+    reason: str
+
+    def encode(self) -> bytes:
+        return json.dumps({"round": self.round, "attempt": self.attempt,
+                           "members": {peer: data.hex() for peer, data in self.members.items()},
+                           "seen": dict(self.seen), "reason": self.reason[:200]}).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Roster":
+        """Raises ValueError naming the field for bytes that are not a roster (they come from a peer)."""
+        if len(data) > MAX_ROSTER_BYTES:
+            raise ValueError(f"roster: {len(data)} bytes, more than {MAX_ROSTER_BYTES}")
+        try:
+            raw = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"roster: not JSON ({e})") from None
+        if not isinstance(raw, dict):
+            raise ValueError("roster: not an object")
+        for field, kind in {"round": int, "attempt": int, "members": dict, "seen": dict, "reason": str}.items():
+            value = raw.get(field)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise ValueError(f"roster: {field} must be {kind.__name__}, got {type(value).__name__}")
+        if len(raw["members"]) > MAX_ROSTER_MEMBERS or len(raw["seen"]) > MAX_ROSTER_MEMBERS:
+            raise ValueError(f"roster: more than {MAX_ROSTER_MEMBERS} members")
+        try:
+            members = {str(peer): bytes.fromhex(value) for peer, value in raw["members"].items()}
+        except (TypeError, ValueError):
+            raise ValueError("roster: members must map peers to hex") from None
+        if not all(isinstance(a, int) and not isinstance(a, bool) for a in raw["seen"].values()):
+            raise ValueError("roster: seen must map peers to attempts")
+        return cls(raw["round"], raw["attempt"], members, {str(p): a for p, a in raw["seen"].items()},
+                   raw["reason"][:200])
+
+
+def hold_meeting(transport: Transport, me: str, mine: Meeting, host: str, peers: Mapping[str, Any], wait_s: float,
                  go_wait_s: float, admitted: Callable[[str, bytes], bool],
                  stop: Optional[threading.Event] = None, subset: bool = False,
                  gone: Callable[[str], bool] = lambda peer: False) -> Outcome:
-    """This peer's side of a board group's meeting: publish ``mine``, fetch every planned groupmate's (``peers``: id
-    -> transport address, ``me`` excluded) for up to ``wait_s``, decide (:func:`meeting_outcome`), then answer
-    which meetings it met and hear the others' answers (up to ``go_wait_s``). The group goes only when every member
-    met the same meetings (:func:`meeting_view`), so that a peer whose fetch failed (a groupmate it could not reach
-    yet) does not fall back while the others start without it, and a peer that read a groupmate's earlier meeting
-    of the round (``Meeting.attempt``) does not go with one that met its later one. A meeting is published under
-    the round's tag and each answer under its attempt: answers never change once given. ``subset``: the planned
-    peers that came and agree go without the others (:func:`meeting_outcome`); the answers asked for are theirs.
+    """This peer's side of a board group's meeting, whose ``host`` (:func:`host_of`) decides who goes.
+
+    Every member publishes ``mine`` (naming the host: :func:`host_key`); the host fetches its planned groupmates'
+    (``peers``: id -> transport address, ``me`` excluded) for up to ``wait_s``, decides (:func:`meeting_outcome`)
+    and publishes the :class:`Roster`; the others fetch the host's meeting and then its roster (up to ``wait_s`` and
+    ``go_wait_s`` more) and go when it lists them, with the meetings it lists. One peer decides, so the members
+    that go all go with the same group, and two peers that plan differently (one read the board before a newcomer
+    came) still meet when they name the same host and the host planned them. A member never fetches another
+    member's meeting: two peers behind NAT, who cannot dial each other, meet through a host they can both dial.
+    ``subset``: the host goes with the planned peers that came and agree, without the others.
     ``gone(peer)``: a planned groupmate left the swarm since the plan (the board says so): not waited for."""
+    if me == host:
+        return _host_meeting(transport, me, mine, peers, wait_s, admitted, stop, subset, gone)
+    return _join_meeting(transport, me, mine, host, peers[host], wait_s, go_wait_s, admitted, stop, gone)
+
+
+def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[str, Any], wait_s: float,
+                  admitted, stop, subset: bool, gone) -> Outcome:
     tag = f"meet-r{mine.round}"
     transport.publish(tag, f"{tag}/meeting", mine.encode())
     received = fetch_until(transport, peers, f"{tag}/meeting", wait_s, stop, gone=gone)
     outcome = meeting_outcome(me, mine, [me, *peers], received, admitted, subset=subset)
-    view = meeting_view(outcome.meetings) if outcome.ok else NO_GO
-    transport.publish(tag, f"{tag}/go/{mine.attempt}", view)
-    if outcome.ok:
-        met = [p for p in peers if p in outcome.meetings]
-        answers = transport.fetch_many([(peers[p], f"{tag}/go/{outcome.meetings[p].attempt}") for p in met],
-                                       wait_s=go_wait_s)
-        for peer, answer in zip(met, answers):
-            if answer != view:
-                why = ("no answer" if answer is None else "its meeting failed" if answer == NO_GO else
-                       "it met other meetings of the round than we did")
-                outcome = Outcome(False, f"peer {peer[-8:]} did not meet the others ({why})", {})
-                break
-    if not outcome.ok:  # after its answer: a groupmate that read this meeting reads that it failed
+    seen = {}
+    for peer, data in received.items():
+        try:
+            seen[peer] = Meeting.decode(data).attempt if data else None
+        except ValueError:
+            pass
+    members = {peer: m.encode() for peer, m in outcome.meetings.items()} if outcome.ok else {}
+    transport.publish(tag, f"{tag}/roster/{mine.attempt}", Roster(
+        mine.round, mine.attempt, members, {p: a for p, a in seen.items() if a is not None}, outcome.reason).encode())
+    if not outcome.ok:  # after the roster: a member that read this meeting reads that it did not fill
         transport.publish(tag, f"{tag}/meeting", WITHDRAWN)
     return outcome
+
+
+def _join_meeting(transport: Transport, me: str, mine: Meeting, host: str, address: Any, wait_s: float,
+                  go_wait_s: float, admitted, stop, gone) -> Outcome:
+    tag = f"meet-r{mine.round}"
+    transport.publish(tag, f"{tag}/meeting", mine.encode())
+    outcome = _joined(transport, me, mine, host, address, wait_s, go_wait_s, admitted, stop, gone)
+    if not outcome.ok:  # the host's next meeting must not read this one
+        transport.publish(tag, f"{tag}/meeting", WITHDRAWN)
+    return outcome
+
+
+def _joined(transport: Transport, me: str, mine: Meeting, host: str, address: Any, wait_s: float,
+            go_wait_s: float, admitted, stop, gone) -> Outcome:
+    tag, who = f"meet-r{mine.round}", f"the group's host {host[-8:]}"
+    data = fetch_until(transport, {host: address}, f"{tag}/meeting", wait_s, stop, gone=gone).get(host)
+    if not data:
+        return Outcome(False, f"{who} did not come to the round's meeting", {})
+    try:
+        hosted = Meeting.decode(data)
+    except ValueError as e:
+        return Outcome(False, f"{who} sent no meeting ({e})", {})
+    if hosted.round != mine.round or hosted.group != mine.group:
+        return Outcome(False, f"{who} planned another group (round {hosted.round})", {}, disagreed=True)
+    data = transport.fetch_many([(address, f"{tag}/roster/{hosted.attempt}")], wait_s=wait_s + go_wait_s)[0]
+    if not data:
+        return Outcome(False, f"{who} did not say whom it went with", {})
+    try:
+        roster = Roster.decode(data)
+    except ValueError as e:
+        return Outcome(False, f"{who} sent no roster ({e})", {})
+    if roster.round != mine.round or roster.attempt != hosted.attempt:
+        return Outcome(False, f"{who} sent the roster of another meeting", {})
+    if me not in roster.members:
+        if not roster.members:
+            return Outcome(False, f"{who}'s meeting did not fill ({roster.reason})", {})
+        # it did not plan us, or our meeting came too late: either way its view of the round is not ours
+        return Outcome(False, f"{who} went without us ({len(roster.members)} peers)", {},
+                       disagreed=me not in roster.seen)
+    meetings = {me: mine}
+    for peer, data in roster.members.items():
+        if peer == me:
+            continue
+        try:
+            meeting = Meeting.decode(data)
+        except ValueError as e:
+            return Outcome(False, f"{who} listed a member without a meeting ({e})", {})
+        if meeting.round != mine.round or meeting.group != mine.group or not admitted(peer, meeting.cred):
+            return Outcome(False, f"{who} listed peer {peer[-8:]}, which is not of this meeting", {})
+        meetings[peer] = meeting
+    if host not in meetings:
+        return Outcome(False, f"{who} listed a group without itself", {})
+    return Outcome(True, f"{len(meetings)} peers met at {who}'s meeting", meetings)

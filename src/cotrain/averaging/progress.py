@@ -55,6 +55,9 @@ class PeerProgress:
     time: float = 0.0  # DHT time of the record
     reducer: bool = True  # False: nobody can dial it (behind NAT); it reduces no part, and cannot be met by peers
                           # that cannot be dialled either
+    #: DHT time it began this round (applied the last, or downloaded the state): on a sharded board the round's
+    #: groups are cut in the order its peers came (cotrain.averaging.groups.plan_arrival_groups)
+    since: float = 0.0
 
     def to_record(self) -> dict:
         record = asdict(self)
@@ -67,7 +70,7 @@ class PeerProgress:
             return cls(peer_id=peer_id, round=int(record["round"]), steps=int(record["steps"]),
                        samples=int(record["samples"]), phase=str(record.get("phase", "train")),
                        mid_round=bool(record.get("mid_round", False)), time=float(record["time"]),
-                       reducer=bool(record.get("reducer", True)))
+                       reducer=bool(record.get("reducer", True)), since=float(record.get("since", 0.0)))
         except (KeyError, TypeError, ValueError):
             return None  # a malformed record from a buggy or hostile peer is ignored
 
@@ -182,6 +185,8 @@ class ProgressRecord(pydantic.BaseModel):
     mid_round: pydantic.StrictBool
     time: pydantic.StrictFloat
     reducer: pydantic.StrictBool
+    #: required: hivemind's schema check refuses a record that parsing would add a default to
+    since: pydantic.StrictFloat
     #: the publisher's SignedCredential
     cred: pydantic.conbytes(strict=True, max_length=MAX_CREDENTIAL_BYTES)
 

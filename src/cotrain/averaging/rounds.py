@@ -30,13 +30,15 @@ import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.dht import DHT
 from hivemind.p2p import PeerID
+from hivemind.utils import get_dht_time
 
 from cotrain.averaging.admission import Admission
 from cotrain.averaging.attacks import make_attack
 from cotrain.averaging.allgather import sparse_allgather
 from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag, weighted_mean
 from cotrain.averaging.exchange import Exchange, UploadLimiter
-from cotrain.averaging.groups import Meeting, group_key, group_of, hold_meeting, plan_groups
+from cotrain.averaging.groups import (Meeting, group_of, hold_meeting, host_key, host_of, plan_arrival_groups,
+                                     plan_groups)
 from cotrain.averaging.outcome import Kind, RoundResult, members_of, others_samples, round_outcome
 from cotrain.averaging.overlap import PendingRound
 from cotrain.averaging.robust import build_aggregator
@@ -144,6 +146,9 @@ class RoundAverager(abc.ABC):
                            build_aggregator(cfg.aggregation, cfg.trim_fraction, cfg.clip_tau, cfg.clip_multiple))
         self.attack = make_attack(attack, seed) if attack else None
         self.round = 0
+        #: DHT time this peer came to its round (published as PeerProgress.since: a sharded board's groups are cut
+        #: in the order the peers came)
+        self.round_since = float(get_dht_time())
         self.samples_total = 0
         self.steps_in_round = 0
         self.samples_in_round = 0
@@ -268,7 +273,7 @@ class RoundAverager(abc.ABC):
 
     def progress(self, phase: str = "train") -> PeerProgress:
         return PeerProgress(self.peer_id, self.round, self.steps_in_round, self.samples_in_round, phase,
-                            self.mid_round, time.time(), reducer=not self.client_mode)
+                            self.mid_round, time.time(), reducer=not self.client_mode, since=self.round_since)
 
     def wait_for_peers(self, count: int, timeout: float, stop: Optional[threading.Event] = None) -> int:
         """Wait until ``count`` peers (ourselves included) are on the board, its records judged when it was read (as
@@ -333,6 +338,7 @@ class RoundAverager(abc.ABC):
                 if self.powersgd is not None:
                     self.powersgd.reset()
             self.round = int(metadata["round"])
+            self.round_since = float(get_dht_time())
             self.samples_total = int(metadata.get("samples_total", 0))
             self.load_shared_metadata(metadata)
         self.after_shared_change()
@@ -379,6 +385,8 @@ class RoundAverager(abc.ABC):
         now = time.time()
         if self.steps_in_round >= self.cfg.inner_steps and self.reached_h_at is None:
             self.reached_h_at = now
+            if self.sharded:  # read the shard afresh for the early meeting (see _meets_early)
+                self._wake.set()
         pending = self._pending
         if pending is not None:
             if not pending.future.done() and self.steps_in_round < self.cfg.inner_steps:
@@ -440,8 +448,14 @@ class RoundAverager(abc.ABC):
         read or two later (rounds paced by progress_interval). A meeting that does not fill (a slower peer) sends
         it back to training, and round_decision's waiting goes on as without it."""
         return (self.cfg.group_formation != "matchmaking" and self.reached_h_at is not None
-                and self._met_round != self.round and not self._peers_behind(now)
-                and self._board_group(now) is not None)
+                and self._met_round != self.round and not self._fresh_view_due()
+                and not self._peers_behind(now) and self._board_group(now) is not None)
+
+    def _fresh_view_due(self) -> bool:
+        """On a sharded board the early meeting waits for a read of the shard begun once this peer took its H steps
+        (the publisher is woken then): the view it came to the round with shows only the peers that came before
+        it, and it would plan its group without those that came since."""
+        return self.sharded and self.reached_h_at is not None and self._peers_read_at < self.reached_h_at
 
     def _split(self, now: float) -> bool:
         """The round's peers average in several groups: the board is sharded, or it shows more live peers than
@@ -458,21 +472,28 @@ class RoundAverager(abc.ABC):
         return any(p.round <= me.round - lag and p.phase != "paused" and p.peer_id not in self.stats.last_group
                    for p in live_peers(now, me, self._peers, self.rules))
 
-    def _board_group(self, now: float) -> Optional[list[str]]:
-        """This peer's planned group for the round, from the board; None when it cannot meet: nobody else is there,
-        or two of its members cannot be dialled (behind NAT, neither can fetch the other's meeting; every member
-        sees the same flags on the board, so they all go to matchmaking together)."""
+    def _board_group(self, now: float) -> Optional[tuple[list[str], str]]:
+        """This peer's planned group for the round, from the board, and its host (groups.host_of: its first member
+        that can be dialled); None when it cannot meet: nobody else is there, or none of its members can be dialled
+        (all behind NAT: nobody could fetch a meeting; every member sees the same flags on the board, so they all
+        go to matchmaking together). Members behind NAT meet through the host, never fetching each other."""
         # on a sharded board last round's groupmates are in other shards now: only this round's shard counts
         here = round_peers(now, self.progress(), self._peers, self.rules,
                            () if self.sharded else self.stats.last_group)
-        members = group_of(self.peer_id, plan_groups(self.round, [self.peer_id, *here], self.cfg.target_group_size,
-                                                     self.run_id))
+        if self.sharded:  # the shard's peers in the order they came: a newcomer changes no group but the last
+            since = {p.peer_id: p.since for p in self._peers}
+            groups = plan_arrival_groups([(self.round_since, self.peer_id), *((since[p], p) for p in here)],
+                                         self.cfg.target_group_size)
+        else:
+            groups = plan_groups(self.round, [self.peer_id, *here], self.cfg.target_group_size, self.run_id)
+        members = group_of(self.peer_id, groups)
         dial_out_only = {p.peer_id for p in self._peers if not p.reducer}
         if self.client_mode:
             dial_out_only.add(self.peer_id)
-        if len(members) < 2 or len(dial_out_only.intersection(members)) >= 2:
+        host = host_of(members, lambda peer: peer not in dial_out_only)
+        if len(members) < 2 or host is None:
             return None
-        return members
+        return members, host
 
     def _resync(self) -> None:
         self.stats.resyncs += 1
@@ -574,16 +595,18 @@ class RoundAverager(abc.ABC):
 
     def _meet(self, launch: PendingRound) -> tuple[Optional[tuple[list, dict]], str, bool]:
         """Form this round's group from the progress board (cotrain.averaging.groups): plan the groups of the peers
-        at this round, publish our meeting, fetch our planned groupmates'. -> ((group, info by peer id), "", False)
-        when they all agree; (None, why, disagreed) when they do not: ``disagreed`` when a groupmate planned another
-        group (the caller waits for a fresh board read), else the caller falls back to hivemind's matchmaking."""
-        members = self._board_group(self._board_time())
+        at this round, and meet the others at the group's host (groups.hold_meeting: the host decides who goes).
+        -> ((group, info by peer id), "", False) when they go; (None, why, disagreed) when not: ``disagreed`` when
+        the host or a groupmate planned otherwise (the caller waits for a fresh board read), else the caller falls
+        back to hivemind's matchmaking."""
+        planned = self._board_group(self._board_time())
         self._meeting_held = False  # whether this try went to a meeting (one that did not fill is held again)
         self._meetings_held = self._meetings_held + 1 if self._met_round == launch.round else 1
         self._met_round = launch.round
-        if members is None:
+        if planned is None:
             return None, "no group of two on the board", False
-        mine = Meeting(launch.round, group_key(launch.round, members), launch.samples, self._hash,
+        members, host = planned
+        mine = Meeting(launch.round, host_key(launch.round, host), launch.samples, self._hash,
                        not self.client_mode, self.admission.credential(), attempt=self._meetings_held - 1)
         others = [m for m in members if m != self.peer_id]
         try:
@@ -602,15 +625,17 @@ class RoundAverager(abc.ABC):
         # the early meeting (this peer just took its H steps) waits for all its planned groupmates, or trains on
         # while round_decision waits for the slower ones; a later one (the round's wait is over, or a groupmate
         # already averages) goes with the planned peers that came and agree, two at least
-        outcome = hold_meeting(self.exchange, self.peer_id, mine, peers, self.cfg.matchmaking_time,
+        outcome = hold_meeting(self.exchange, self.peer_id, mine, host, peers, self.cfg.matchmaking_time,
                                self.cfg.request_timeout, admitted, self._stop, subset=not launch.early, gone=gone)
         if not outcome.ok:
             logger.info("round %d: the board's group did not meet (%s)", launch.round, outcome.reason)
             return None, outcome.reason, outcome.disagreed
         info = {peer: dict(round=m.round, samples=m.samples, hash=m.hash, reducer=m.reducer)
                 for peer, m in outcome.meetings.items()}
-        group = sorted([PeerID.from_base58(self.peer_id), *(peers[m] for m in outcome.meetings if m in peers)],
-                       key=str)
+        try:  # the host's roster may hold a peer our view had not shown (it went by the host's plan)
+            group = sorted((PeerID.from_base58(peer) for peer in outcome.meetings), key=str)
+        except ValueError:
+            return None, "the host listed a member with no valid peer id", False
         return (group, info), "", False
 
     def _matchmake(self, weight: float, launch: PendingRound) -> tuple[Optional[tuple[list, dict]], str]:
@@ -749,6 +774,7 @@ class RoundAverager(abc.ABC):
                 self.stats.states_averaged += 1
             self.apply(average, carried)
             self.round += 1
+            self.round_since = float(get_dht_time())
         # hashed while the node takes its next local step: the next round's meeting reads it
         self._state_hash.update(self.shared_tensors())
         logger.info("round %d done with %d peer(s): now at round %d", self.round - 1, group_size, self.round)

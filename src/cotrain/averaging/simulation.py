@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
-from cotrain.averaging.groups import group_key, group_of, plan_groups
+from cotrain.averaging.groups import group_of, host_of, plan_arrival_groups, plan_groups
 from cotrain.averaging.progress import (Action, PeerProgress, RoundRules, groups_split, live_peers, round_decision,
                                         round_peers, shard_of)
 
@@ -76,6 +76,7 @@ class Peer:
     state: float = 0.0
     phase: str = "train"
     mid_round: bool = False
+    since: float = 0.0  # when it came to its round
     next_step: float = 0.0
     next_publish: float = 0.0
     busy_until: float = 0.0  # in an all-reduce or a download
@@ -93,7 +94,8 @@ class Peer:
     view_averaging: frozenset = frozenset()
 
     def progress(self, now: float) -> PeerProgress:
-        return PeerProgress(self.name, self.round, self.steps, self.samples, self.phase, self.mid_round, now)
+        return PeerProgress(self.name, self.round, self.steps, self.samples, self.phase, self.mid_round, now,
+                            since=self.since)
 
 
 @dataclass
@@ -168,6 +170,7 @@ class BoardSim:
     def _advance(self, p: Peer, now: float, state: float, mid_round: bool = False) -> None:
         p.round += 1 if not mid_round else 0
         p.state, p.steps, p.samples, p.phase, p.mid_round = state, 0, 0, "train", mid_round
+        p.since = now
         p.reached_h_at, p.meeting = None, None
 
     def _resync(self, p: Peer, now: float) -> None:
@@ -183,19 +186,28 @@ class BoardSim:
     def _go_to_meeting(self, p: Peer, now: float) -> None:
         sharded = len(self.shards) > 1
         here = round_peers(p.read_at, p.progress(now), p.view, self.rules, () if sharded else p.last_group)
-        members = group_of(p.name, plan_groups(p.round, [p.name, *here], self.cfg.group, "sim"))
+        if sharded:  # as the node's _board_group
+            since = {q.peer_id: q.since for q in p.view}
+            groups = plan_arrival_groups([(p.since, p.name), *((since[q], q) for q in here)], self.cfg.group)
+        else:
+            groups = plan_groups(p.round, [p.name, *here], self.cfg.group, "sim")
+        members = group_of(p.name, groups)
         p.met_round = p.round
         if len(members) < 2:
             return
-        key = (p.round, group_key(p.round, members))
+        key = (p.round, host_of(members, lambda peer: True))  # every virtual peer can be dialled
         self.meetings.setdefault(key, {})[p.name] = now
         p.meeting, p.phase = (p.round, key, members, now), "average"
 
     def _settle_meetings(self, now: float) -> None:
         for key, came in list(self.meetings.items()):
-            any_member = self.by_name[next(iter(came))]
-            members = any_member.meeting[2] if any_member.meeting and any_member.meeting[1] == key else list(came)
-            if all(m in came for m in members):
+            host = self.by_name[key[1]]  # its plan decides (groups.hold_meeting), once it came
+            members = host.meeting[2] if key[1] in came and host.meeting and host.meeting[1] == key else None
+            if members is not None and all(m in came for m in members):
+                for m in came:  # came planning this host, which did not plan them: they go back to training
+                    if m not in members:
+                        q = self.by_name[m]
+                        q.meeting, q.phase, q.retry_at = None, "train", now + self.cfg.progress_interval
                 states = [self.by_name[m].state for m in members]
                 majority = max(set(states), key=lambda s: (states.count(s), s))
                 base = statistics.fmean(states) if self.cfg.state_averaging else majority
@@ -223,6 +235,8 @@ class BoardSim:
         p.samples += 8
         if p.steps >= self.cfg.inner_steps and p.reached_h_at is None:
             p.reached_h_at = now
+            if len(self.shards) > 1:  # the node reads its shard afresh for the early meeting (_fresh_view_due)
+                self._read(p, now)
         if p.meeting is not None or now < p.retry_at or (len(self.shards) > 1 and p.view_round != p.round):
             return
         if (p.steps < self.cfg.inner_steps and p.view_max_round <= p.round

@@ -3,6 +3,7 @@ go as one request and one answer, large ones and states as streams, and both way
 member."""
 
 import threading
+import time
 
 import pytest
 
@@ -14,13 +15,23 @@ pytestmark = pytest.mark.swarm
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    """Two peers that admit everyone, and two more exchanges on the same two DHTs: one that admits nobody without a
-    credential of a coordinator (whose key nobody here holds), and a stranger with none. Two exchanges on one DHT
-    each hold a connection of their own to its daemon (hivemind's replica is one per process, bound to one loop)."""
+def dhts(tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys")
     a = start_dht(identity_path=str(keys / "a.key"))
     b = start_dht([str(m) for m in a.get_visible_maddrs()], identity_path=str(keys / "b.key"))
+    try:
+        yield a, b
+    finally:
+        b.shutdown()
+        a.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pair(dhts):
+    """Two peers that admit everyone, and two more exchanges on the same two DHTs: one that admits nobody without a
+    credential of a coordinator (whose key nobody here holds), and a stranger with none. Two exchanges on one DHT
+    each hold a connection of their own to its daemon (hivemind's replica is one per process, bound to one loop)."""
+    a, b = dhts
     open_to_all = Admission("exchange", None, enabled=False)
     guarded = Admission("exchange", new_private_key().public_key(), enabled=True)
     out = [Exchange(a, "open", open_to_all), Exchange(b, "open", open_to_all),
@@ -30,8 +41,6 @@ def pair(tmp_path_factory):
     finally:
         for e in out:
             e.shutdown(linger_s=0)
-        b.shutdown()
-        a.shutdown()
 
 
 def test_a_small_piece_is_one_request_and_a_large_one_a_stream(pair):
@@ -105,3 +114,23 @@ def test_a_leaving_peer_waits_for_the_reads_its_pieces_await_not_for_a_timer(pai
     for tag in ("t5", "t6", "t7", "t8"):  # a tag dropped from the outbox is read by nobody any more
         server.publish(tag, f"{tag}/x", b"x")
     assert server.reads_awaited == 0
+
+
+def test_a_leaving_peer_waits_for_the_reads_due_however_long_ago_it_published(dhts):
+    """A groupmate whose own part of the all-reduce came last (a straggler under load) asks for this peer's reduced
+    part only after: a peer shutting down long after it published still gives that read its time (it used to count
+    ``linger_s`` from the publication, left at once, and the groupmate's round failed)."""
+    open_to_all = Admission("exchange", None, enabled=False)
+    reader, leaver = Exchange(dhts[0], "late", open_to_all), Exchange(dhts[1], "late", open_to_all)
+    try:
+        leaver.publish("t", "t/part", b"p" * 100, readers=1)
+        time.sleep(3.5)  # longer ago than the linger below
+        leaving = threading.Thread(target=leaver.shutdown, kwargs={"linger_s": 3.0})
+        leaving.start()
+        leaving.join(0.5)
+        assert leaving.is_alive()  # still serving: a read is due
+        assert reader.fetch_many([(leaver.peer_id, "t/part")], wait_s=5) == [b"p" * 100]
+        leaving.join(30)
+        assert not leaving.is_alive()
+    finally:
+        reader.shutdown(linger_s=0)

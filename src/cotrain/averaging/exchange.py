@@ -100,7 +100,6 @@ class Exchange:
         self._tags: list[str] = []
         self._providers: dict[str, Callable[[], Optional[bytes]]] = {}
         self._serving = 0
-        self._last_publish = 0.0
         self._last_refused_log = 0.0
         #: state builders that failed, by key (logged once per outage); fetches that failed in a way no dying peer
         #: explains, by kind of error (the first of each kind is logged with its traceback)
@@ -148,7 +147,6 @@ class Exchange:
                 self._awaited[key] = readers
             else:
                 self._awaited.pop(key, None)
-            self._last_publish = time.monotonic()
         asyncio.run_coroutine_threadsafe(self._notify(), self._loop)
 
     @property
@@ -385,11 +383,14 @@ class Exchange:
 
     def shutdown(self, linger_s: float = 2.0) -> None:
         """Stop serving; first let groupmates fetch this peer's last pieces: while a fetch is being served, and while
-        pieces published with ``readers`` have reads to come, up to ``linger_s`` after the last publication (a
-        groupmate that left the round never reads; raise it on links where a piece takes longer to go out)."""
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline and (
-                self._serving > 0 or (self.reads_awaited > 0 and time.monotonic() - self._last_publish < linger_s)):
+        pieces published with ``readers`` have reads to come, up to ``linger_s`` (a groupmate that left the round
+        never reads; raise it on links where a piece takes longer to go out). Counted from now, not from when the
+        piece was published: a groupmate whose own part of the all-reduce came last (a straggler under load) asks
+        for ours only after that, and a peer that waited for its part longer than ``linger_s`` used to leave at
+        once, its last reduced part unread (the groupmate's round failed, and it averaged alone)."""
+        started = time.monotonic()
+        while time.monotonic() < started + 10.0 and (
+                self._serving > 0 or (self.reads_awaited > 0 and time.monotonic() - started < linger_s)):
             time.sleep(0.05)
 
         async def stop():

@@ -224,16 +224,17 @@ class AveragingConfig(_Section):
     #: "separate" +5.6% at 2 (+6.9% at 1); LSTM 2x512, "model" -4.3% at outer_lr 2. SparseLoCo ran "separate"
     #: over thousands of rounds. With outer = "error_feedback" set outer_lr to about 2: 0.7 is Nesterov's.
     error_buffer: Literal["model", "separate"] = "model"
-    #: how a round's group forms. "board": every peer computes the same groups from the progress board
-    #: (cotrain.averaging.groups), goes to the round's meeting when it took its H steps, and the all-reduce starts a
-    #: round trip after the last groupmate got there (rounds 3x shorter on loopback, bench/rounds.py); when views
-    #: disagree, or two planned members are behind NAT (they cannot fetch each other's meeting), it falls back to
-    #: matchmaking. "board_only": the board without the fallback, so without hivemind's averager process (one
-    #: process, and about 100 MB of PSS, less per node: bench/scale.py); a meeting that does not fill is held again
-    #: at the next try, and a group needs a member others can dial (two peers behind NAT cannot meet each other).
+    #: how a round's group forms. "board_only" (the default): every peer computes the same groups from the progress
+    #: board (cotrain.averaging.groups), goes to the round's meeting at its group's host when it took its H steps,
+    #: and the all-reduce starts a round trip or two after the last groupmate got there (rounds 3x shorter on
+    #: loopback, bench/rounds.py); a meeting that does not fill is held again at the next try. A group needs a
+    #: member others can dial, its host (members behind NAT meet through it). "board": the same, falling back to
+    #: hivemind's matchmaking when a meeting does not fill, which needs hivemind's averager process (one more
+    #: process and about 100 MB of PSS a node: bench/scale.py); it was the default until the host's meeting let
+    #: peers behind NAT meet on the board.
     #: "matchmaking": hivemind's, which waits up to matchmaking_time every round (and less once target_group_size
     #: peers are there).
-    group_formation: Literal["board", "board_only", "matchmaking"] = "board"
+    group_formation: Literal["board", "board_only", "matchmaking"] = "board_only"
     #: average each round in the background while the node takes the next round's local steps, and apply the
     #: result when it arrives (one round of delay; DiLoCo with eager updates: see cotrain.averaging.overlap): hides
     #: the meeting and the all-reduce behind compute; a round that fails gives the node back its work, as without

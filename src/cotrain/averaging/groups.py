@@ -57,8 +57,8 @@ def plan_arrival_groups(arrivals: Sequence[tuple[float, str]], target_group_size
 
     Why not :func:`plan_groups`' shuffle: the peers of a shard come to a round one after another, and each plans
     from the view of its last read. A shuffle of the whole round changes every group with every newcomer, so two
-    peers that differed by one arrival disagreed on all groups: at 32 nodes (bench/scale.py) a third of the
-    board's meetings failed on "planned another group". In arrival order a newcomer only joins the last group or
+    peers that differed by one arrival disagreed on all groups: at 32 nodes (bench/scale.py) over a quarter of
+    the board's meetings failed on "planned another group". In arrival order a newcomer only joins the last group or
     starts one: views that differ in who came last agree on every group before. Mixing across the swarm comes
     from the shards, dealt afresh every round (:func:`cotrain.averaging.progress.shard_of`)."""
     came: dict[str, float] = {}

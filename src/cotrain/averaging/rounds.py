@@ -475,8 +475,9 @@ class RoundAverager(abc.ABC):
     def _board_group(self, now: float) -> Optional[tuple[list[str], str]]:
         """This peer's planned group for the round, from the board, and its host (groups.host_of: its first member
         that can be dialled); None when it cannot meet: nobody else is there, or none of its members can be dialled
-        (all behind NAT: nobody could fetch a meeting; every member sees the same flags on the board, so they all
-        go to matchmaking together). Members behind NAT meet through the host, never fetching each other."""
+        (all behind NAT: nobody could fetch a meeting; every member sees the same flags on the board, so none of
+        them meets, or with "board" they all go to matchmaking together). Members behind NAT meet through the host,
+        never fetching each other."""
         # on a sharded board last round's groupmates are in other shards now: only this round's shard counts
         here = round_peers(now, self.progress(), self._peers, self.rules,
                            () if self.sharded else self.stats.last_group)

@@ -98,6 +98,9 @@ class Exchange:
         #: for these, not for a fixed time
         self._awaited: dict[str, int] = {}
         self._tags: list[str] = []
+        #: who asked for a piece while it was not published (or withdrawn), by key: peer id -> when (monotonic). A
+        #: meeting's host learns at once that a groupmate waits for it (:meth:`askers`), where the board takes reads
+        self._asked: dict[str, dict[str, float]] = {}
         self._providers: dict[str, Callable[[], Optional[bytes]]] = {}
         self._serving = 0
         self._last_refused_log = 0.0
@@ -165,6 +168,27 @@ class Exchange:
                 else:
                     self._awaited[key] = left - 1
 
+    def askers(self, key: str, within_s: float) -> set[str]:
+        """The peers (ids) that asked for ``key`` in the last ``within_s`` seconds while it was not published here,
+        or was withdrawn (empty)."""
+        since = time.monotonic() - within_s
+        with self._lock:
+            return {peer for peer, at in self._asked.get(key, {}).items() if at >= since}
+
+    def _note_asker(self, key: str, peer: str) -> None:
+        """Bounded: the newest 64 keys, 256 askers a key, each forgotten after a minute."""
+        now = time.monotonic()
+        with self._lock:
+            if self._outbox.get(key):
+                return
+            asked = self._asked.pop(key, {})
+            asked = {p: at for p, at in asked.items() if now - at < 60.0}
+            if peer in asked or len(asked) < 256:
+                asked[peer] = now
+            self._asked[key] = asked  # the newest key last
+            while len(self._asked) > 64:
+                del self._asked[next(iter(self._asked))]
+
     def provide(self, key: str, make: Callable[[], Optional[bytes]]) -> None:
         """Serve ``key`` by calling ``make()`` (in a worker thread) on every request: for data built on demand,
         such as the current shared state a joining peer downloads. ``make`` may return None (nothing to give)."""
@@ -187,6 +211,8 @@ class Exchange:
             return
         self._serving += 1
         try:
+            if request.key not in self._providers:
+                self._note_asker(request.key, str(context.remote_id))
             async for chunk in self._serve_chunks(request):
                 yield chunk
         finally:
@@ -199,6 +225,7 @@ class Exchange:
             return pb.FetchChunk(found=False, refused=refused)
         if request.key in self._providers:
             return pb.FetchChunk(found=True, use_stream=True)
+        self._note_asker(request.key, str(context.remote_id))
         self._serving += 1
         try:
             data = await self._published_piece(request.key, request.wait_s)

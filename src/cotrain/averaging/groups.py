@@ -75,6 +75,11 @@ def group_of(me: str, groups: Sequence[Sequence[str]]) -> list[str]:
     return next((list(g) for g in groups if me in g), [me])
 
 
+def meeting_key(round_number: int) -> str:
+    """Where a peer publishes its meeting of a round (on its exchange; under the tag ``meet-r<round>``)."""
+    return f"meet-r{round_number}/meeting"
+
+
 def host_key(round_number: int, host: str) -> str:
     """A meeting's ``group``: names the round and the host it goes to (members that name the same one meet)."""
     return hashlib.sha1(f"{round_number}|{host}".encode()).hexdigest()[:16]
@@ -284,8 +289,8 @@ def hold_meeting(transport: Transport, me: str, mine: Meeting, host: str, peers:
 def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[str, Any], wait_s: float,
                   admitted, stop, subset: bool, gone) -> Outcome:
     tag = f"meet-r{mine.round}"
-    transport.publish(tag, f"{tag}/meeting", mine.encode())
-    received = fetch_until(transport, peers, f"{tag}/meeting", wait_s, stop, gone=gone)
+    transport.publish(tag, meeting_key(mine.round), mine.encode())
+    received = fetch_until(transport, peers, meeting_key(mine.round), wait_s, stop, gone=gone)
     outcome = meeting_outcome(me, mine, [me, *peers], received, admitted, subset=subset)
     seen = {}
     for peer, data in received.items():
@@ -297,24 +302,24 @@ def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[s
     transport.publish(tag, f"{tag}/roster/{mine.attempt}", Roster(
         mine.round, mine.attempt, members, {p: a for p, a in seen.items() if a is not None}, outcome.reason).encode())
     if not outcome.ok:  # after the roster: a member that read this meeting reads that it did not fill
-        transport.publish(tag, f"{tag}/meeting", WITHDRAWN)
+        transport.publish(tag, meeting_key(mine.round), WITHDRAWN)
     return outcome
 
 
 def _join_meeting(transport: Transport, me: str, mine: Meeting, host: str, address: Any, wait_s: float,
                   go_wait_s: float, admitted, stop, gone) -> Outcome:
     tag = f"meet-r{mine.round}"
-    transport.publish(tag, f"{tag}/meeting", mine.encode())
+    transport.publish(tag, meeting_key(mine.round), mine.encode())
     outcome = _joined(transport, me, mine, host, address, wait_s, go_wait_s, admitted, stop, gone)
     if not outcome.ok:  # the host's next meeting must not read this one
-        transport.publish(tag, f"{tag}/meeting", WITHDRAWN)
+        transport.publish(tag, meeting_key(mine.round), WITHDRAWN)
     return outcome
 
 
 def _joined(transport: Transport, me: str, mine: Meeting, host: str, address: Any, wait_s: float,
             go_wait_s: float, admitted, stop, gone) -> Outcome:
     tag, who = f"meet-r{mine.round}", f"the group's host {host[-8:]}"
-    data = fetch_until(transport, {host: address}, f"{tag}/meeting", wait_s, stop, gone=gone).get(host)
+    data = fetch_until(transport, {host: address}, meeting_key(mine.round), wait_s, stop, gone=gone).get(host)
     if not data:
         return Outcome(False, f"{who} did not come to the round's meeting", {})
     try:

@@ -37,8 +37,8 @@ from cotrain.averaging.attacks import make_attack
 from cotrain.averaging.allgather import sparse_allgather
 from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag, weighted_mean
 from cotrain.averaging.exchange import Exchange, UploadLimiter
-from cotrain.averaging.groups import (Meeting, group_of, hold_meeting, host_key, host_of, plan_arrival_groups,
-                                     plan_groups)
+from cotrain.averaging.groups import (Meeting, group_of, hold_meeting, host_key, host_of, meeting_key,
+                                     plan_arrival_groups, plan_groups)
 from cotrain.averaging.outcome import Kind, RoundResult, members_of, others_samples, round_outcome
 from cotrain.averaging.overlap import PendingRound
 from cotrain.averaging.robust import build_aggregator
@@ -393,6 +393,13 @@ class RoundAverager(abc.ABC):
                 return None  # the round's all-reduce runs on while we train
             self._finish_round(pending, self._result_of(pending))  # waits once the next round's steps are taken
             now = time.time()
+        waiting = self._waited_for()
+        if waiting is not None:
+            decision = Decision(Action.AVERAGE, f"peer {waiting[-8:]} waits for us at the round's meeting")
+            self.stats.last_reason = decision.reason
+            logger.info("round %d: %s", self.round, decision.reason)
+            self._average(announce=False)
+            return decision
         if now < self.retry_at or self._awaiting_read(now) or self._board_unknown(now) or self._view_stale():
             return None
         board_now = self._board_time()
@@ -451,6 +458,19 @@ class RoundAverager(abc.ABC):
                 and self._met_round != self.round and not self._fresh_view_due()
                 and not self._peers_behind(now) and self._board_group(now) is not None)
 
+    def _waited_for(self) -> Optional[str]:
+        """A planned groupmate that asked for this peer's meeting of the round in the last second while it had none
+        out (it was training): the groupmate waits at the meeting, as its host or as a member whose host this peer
+        is. The board would tell it a read or two later (at 32 nodes, reads every 4 s: members waited for a host
+        that was training, 99 times in one run); the request tells it at once. -> the groupmate's id, or None."""
+        if self.cfg.group_formation == "matchmaking" or self.steps_in_round == 0 or self._pending is not None:
+            return None
+        askers = self.exchange.askers(meeting_key(self.round), within_s=1.0)
+        if not askers:
+            return None
+        planned = self._board_group(self._board_time())
+        return None if planned is None else next((peer for peer in planned[0] if peer in askers), None)
+
     def _fresh_view_due(self) -> bool:
         """On a sharded board the early meeting waits for a read of the shard begun once this peer took its H steps
         (the publisher is woken then): the view it came to the round with shows only the peers that came before
@@ -501,10 +521,11 @@ class RoundAverager(abc.ABC):
         if not self.load_state_from_peers():
             self.retry_at = time.time() + self.cfg.matchmaking_time
 
-    def _average(self, early: bool = False) -> None:
+    def _average(self, early: bool = False, announce: bool = True) -> None:
         """End the round: average this peer's contribution with a group (in the background with
         ``averaging.overlap``). ``early``: the meeting of a peer that just took its H steps; if the round's peers do
-        not all come, train on (no matchmaking, no retry delay)."""
+        not all come, train on (no matchmaking, no retry delay). ``announce``: tell the round's peers on the board
+        (not when a groupmate already waits at the meeting: it knows)."""
         contribution = self.contribution()
         board_now = self._board_time()
         peers_here = [p for p in live_peers(board_now, self.progress(), self._peers, self.rules)
@@ -513,7 +534,7 @@ class RoundAverager(abc.ABC):
             self._apply_and_advance(contribution, group_size=1)
             return
         self.phase = "average"
-        if not early:
+        if not early and announce:
             # tell the round's peers at once that it ends (round_decision: "peer X began averaging"). Not for the
             # early meeting: its groupmates come to it when they take their own H steps, signal or none; and one
             # DHT store a round, to every replica, took a quarter of the CPU of a 4-node swarm's rounds on 2 cores

@@ -85,6 +85,24 @@ def host_key(round_number: int, host: str) -> str:
     return hashlib.sha1(f"{round_number}|{host}".encode()).hexdigest()[:16]
 
 
+def _json_object(data: bytes, what: str, max_bytes: int, kinds: Mapping[str, type]) -> dict:
+    """``data`` (from a peer) as a JSON object whose fields have the ``kinds`` given (a bool is no int); raises
+    ValueError naming ``what`` and the field."""
+    if len(data) > max_bytes:
+        raise ValueError(f"{what}: {len(data)} bytes, more than {max_bytes}")
+    try:
+        raw = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{what}: not JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{what}: not an object")
+    for field, kind in kinds.items():
+        value = raw.get(field)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(f"{what}: {field} must be {kind.__name__}, got {type(value).__name__}")
+    return raw
+
+
 @dataclass(frozen=True)
 class Meeting:
     """What a peer tells its planned groupmates before the all-reduce (what matchmaking's gather carried)."""
@@ -106,19 +124,8 @@ class Meeting:
     @classmethod
     def decode(cls, data: bytes) -> "Meeting":
         """Raises ValueError naming the field for bytes that are not a meeting (they come from a peer)."""
-        if len(data) > MAX_MEETING_BYTES:
-            raise ValueError(f"meeting: {len(data)} bytes, more than {MAX_MEETING_BYTES}")
-        try:
-            raw = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"meeting: not JSON ({e})") from None
-        if not isinstance(raw, dict):
-            raise ValueError("meeting: not an object")
-        kinds = {"round": int, "group": str, "samples": int, "hash": str, "reducer": bool, "cred": str, "attempt": int}
-        for field, kind in kinds.items():
-            value = raw.get(field)
-            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise ValueError(f"meeting: {field} must be {kind.__name__}, got {type(value).__name__}")
+        raw = _json_object(data, "meeting", MAX_MEETING_BYTES, {
+            "round": int, "group": str, "samples": int, "hash": str, "reducer": bool, "cred": str, "attempt": int})
         if raw["round"] < 0 or raw["samples"] < 0 or raw["attempt"] < 0:
             raise ValueError("meeting: round, samples and attempt must be >= 0")
         try:
@@ -147,8 +154,9 @@ def meeting_outcome(me: str, mine: Meeting, members: Sequence[str], received: Ma
 
     ``subset``: the planned peers that did so meet without the others, when they are two at least (this one
     included): the host's decision, which its roster tells the others. For a meeting held when peers had every
-    chance to come (the round's wait is over, or a groupmate already averages): at 32 nodes on a sharded board, read every 4 s, views of who is at a round differed so often that
-    618 all-or-nothing meetings failed against 39 rounds applied."""
+    chance to come (the round's wait is over, or a groupmate already averages): at 32 nodes on a sharded board,
+    read every 4 s, views of who is at a round differed so often that 618 all-or-nothing meetings failed against
+    39 rounds applied."""
     meetings = {me: mine}
     failures: list[Outcome] = []
     for peer in members:
@@ -242,18 +250,8 @@ class Roster:
     @classmethod
     def decode(cls, data: bytes) -> "Roster":
         """Raises ValueError naming the field for bytes that are not a roster (they come from a peer)."""
-        if len(data) > MAX_ROSTER_BYTES:
-            raise ValueError(f"roster: {len(data)} bytes, more than {MAX_ROSTER_BYTES}")
-        try:
-            raw = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"roster: not JSON ({e})") from None
-        if not isinstance(raw, dict):
-            raise ValueError("roster: not an object")
-        for field, kind in {"round": int, "attempt": int, "members": dict, "seen": dict, "reason": str}.items():
-            value = raw.get(field)
-            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise ValueError(f"roster: {field} must be {kind.__name__}, got {type(value).__name__}")
+        raw = _json_object(data, "roster", MAX_ROSTER_BYTES,
+                           {"round": int, "attempt": int, "members": dict, "seen": dict, "reason": str})
         if len(raw["members"]) > MAX_ROSTER_MEMBERS or len(raw["seen"]) > MAX_ROSTER_MEMBERS:
             raise ValueError(f"roster: more than {MAX_ROSTER_MEMBERS} members")
         try:
@@ -316,25 +314,32 @@ def _join_meeting(transport: Transport, me: str, mine: Meeting, host: str, addre
     return outcome
 
 
+def _decoded(data: Optional[bytes], decode: Callable[[bytes], Any], missing: str,
+             bad: str) -> tuple[Any, Optional[Outcome]]:
+    """A piece from the host, decoded -> (it, None), or (None, the failed outcome: ``missing`` when nothing came,
+    ``bad`` with the decoder's reason when it is not what it should be)."""
+    if not data:
+        return None, Outcome(False, missing, {})
+    try:
+        return decode(data), None
+    except ValueError as e:
+        return None, Outcome(False, f"{bad} ({e})", {})
+
+
 def _joined(transport: Transport, me: str, mine: Meeting, host: str, address: Any, wait_s: float,
             go_wait_s: float, admitted, stop, gone) -> Outcome:
     tag, who = f"meet-r{mine.round}", f"the group's host {host[-8:]}"
     data = fetch_until(transport, {host: address}, meeting_key(mine.round), wait_s, stop, gone=gone).get(host)
-    if not data:
-        return Outcome(False, f"{who} did not come to the round's meeting", {})
-    try:
-        hosted = Meeting.decode(data)
-    except ValueError as e:
-        return Outcome(False, f"{who} sent no meeting ({e})", {})
+    hosted, failed = _decoded(data, Meeting.decode, f"{who} did not come to the round's meeting",
+                              f"{who} sent no meeting")
+    if failed is not None:
+        return failed
     if hosted.round != mine.round or hosted.group != mine.group:
         return Outcome(False, f"{who} planned another group (round {hosted.round})", {}, disagreed=True)
     data = transport.fetch_many([(address, f"{tag}/roster/{hosted.attempt}")], wait_s=wait_s + go_wait_s)[0]
-    if not data:
-        return Outcome(False, f"{who} did not say whom it went with", {})
-    try:
-        roster = Roster.decode(data)
-    except ValueError as e:
-        return Outcome(False, f"{who} sent no roster ({e})", {})
+    roster, failed = _decoded(data, Roster.decode, f"{who} did not say whom it went with", f"{who} sent no roster")
+    if failed is not None:
+        return failed
     if roster.round != mine.round or roster.attempt != hosted.attempt:
         return Outcome(False, f"{who} sent the roster of another meeting", {})
     if me not in roster.members:

@@ -76,8 +76,18 @@ def group_of(me: str, groups: Sequence[Sequence[str]]) -> list[str]:
 
 
 def meeting_key(round_number: int) -> str:
-    """Where a peer publishes its meeting of a round (on its exchange; under the tag ``meet-r<round>``)."""
-    return f"meet-r{round_number}/meeting"
+    """Where a peer publishes its meeting of a round (on its exchange, under :func:`meeting_tag`)."""
+    return f"{meeting_tag(round_number)}/meeting"
+
+
+def meeting_tag(round_number: int) -> str:
+    """The exchange's tag of a round's meeting pieces (old rounds' tags are dropped)."""
+    return f"meet-r{round_number}"
+
+
+def roster_key(round_number: int, attempt: int) -> str:
+    """Where a host publishes what it decided at its ``attempt``-th meeting of a round."""
+    return f"{meeting_tag(round_number)}/roster/{attempt}"
 
 
 def host_key(round_number: int, host: str) -> str:
@@ -286,7 +296,7 @@ def hold_meeting(transport: Transport, me: str, mine: Meeting, host: str, peers:
 
 def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[str, Any], wait_s: float,
                   admitted, stop, subset: bool, gone) -> Outcome:
-    tag = f"meet-r{mine.round}"
+    tag = meeting_tag(mine.round)
     transport.publish(tag, meeting_key(mine.round), mine.encode())
     received = fetch_until(transport, peers, meeting_key(mine.round), wait_s, stop, gone=gone)
     outcome = meeting_outcome(me, mine, [me, *peers], received, admitted, subset=subset)
@@ -297,7 +307,7 @@ def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[s
         except ValueError:
             pass
     members = {peer: m.encode() for peer, m in outcome.meetings.items()} if outcome.ok else {}
-    transport.publish(tag, f"{tag}/roster/{mine.attempt}", Roster(
+    transport.publish(tag, roster_key(mine.round, mine.attempt), Roster(
         mine.round, mine.attempt, members, {p: a for p, a in seen.items() if a is not None}, outcome.reason).encode())
     if not outcome.ok:  # after the roster: a member that read this meeting reads that it did not fill
         transport.publish(tag, meeting_key(mine.round), WITHDRAWN)
@@ -306,7 +316,7 @@ def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[s
 
 def _join_meeting(transport: Transport, me: str, mine: Meeting, host: str, address: Any, wait_s: float,
                   go_wait_s: float, admitted, stop, gone) -> Outcome:
-    tag = f"meet-r{mine.round}"
+    tag = meeting_tag(mine.round)
     transport.publish(tag, meeting_key(mine.round), mine.encode())
     outcome = _joined(transport, me, mine, host, address, wait_s, go_wait_s, admitted, stop, gone)
     if not outcome.ok:  # the host's next meeting must not read this one
@@ -328,7 +338,7 @@ def _decoded(data: Optional[bytes], decode: Callable[[bytes], Any], missing: str
 
 def _joined(transport: Transport, me: str, mine: Meeting, host: str, address: Any, wait_s: float,
             go_wait_s: float, admitted, stop, gone) -> Outcome:
-    tag, who = f"meet-r{mine.round}", f"the group's host {host[-8:]}"
+    who = f"the group's host {host[-8:]}"
     data = fetch_until(transport, {host: address}, meeting_key(mine.round), wait_s, stop, gone=gone).get(host)
     hosted, failed = _decoded(data, Meeting.decode, f"{who} did not come to the round's meeting",
                               f"{who} sent no meeting")
@@ -336,7 +346,7 @@ def _joined(transport: Transport, me: str, mine: Meeting, host: str, address: An
         return failed
     if hosted.round != mine.round or hosted.group != mine.group:
         return Outcome(False, f"{who} planned another group (round {hosted.round})", {}, disagreed=True)
-    data = transport.fetch_many([(address, f"{tag}/roster/{hosted.attempt}")], wait_s=wait_s + go_wait_s)[0]
+    data = transport.fetch_many([(address, roster_key(mine.round, hosted.attempt))], wait_s=wait_s + go_wait_s)[0]
     roster, failed = _decoded(data, Roster.decode, f"{who} did not say whom it went with", f"{who} sent no roster")
     if failed is not None:
         return failed

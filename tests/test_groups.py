@@ -8,8 +8,8 @@ import time
 import pytest
 
 from cotrain.averaging.groups import (MAX_MEETING_BYTES, MAX_ROSTER_BYTES, WITHDRAWN, Meeting, Roster, group_of,
-                                      hold_meeting, host_key, host_of, meeting_outcome, plan_arrival_groups,
-                                      plan_groups)
+                                      hold_meeting, host_key, host_of, max_group_size, meeting_outcome,
+                                      plan_arrival_groups, plan_groups)
 
 PEERS = [f"Qm{i:02d}" for i in range(10)]
 
@@ -115,6 +115,7 @@ class Board:
     def __init__(self):
         self.pieces: dict[tuple[str, str], bytes] = {}
         self.asked: list[tuple[str, str]] = []  # (peer, key) of every fetch
+        self.askers: dict[tuple[str, str], set[str]] = {}  # (whose piece, key) -> who asked for it
         self.dialled: set[tuple[str, str]] = set()  # (who fetched, from whom)
         self.lock = threading.Condition()
 
@@ -135,6 +136,9 @@ class FakeTransport:
         deadline = time.monotonic() + wait_s
         with self.board.lock:
             self.board.asked.extend(requests)
+            for peer, key in requests:
+                self.board.askers.setdefault((peer, key), set()).add(self.owner)
+                self.board.lock.notify_all()
             self.board.dialled.update((self.owner, peer) for peer, _ in requests)
             while True:
                 got = [self.board.pieces.get((peer, key)) for peer, key in requests]
@@ -145,18 +149,26 @@ class FakeTransport:
 
 
 def meet_all(plans: dict[str, list[str]], wait_s: float = 2.0, absent=(), subset: bool = False, gone=(),
-             board=None, dial_out_only=()) -> dict:
+             board=None, dial_out_only=(), walk_ins: bool = False, target: int = 0, waits=None) -> dict:
     """Every peer of ``plans`` (peer -> the group it planned) holds its meeting on one board, in its own thread, at
     the host of its plan (its first member not in ``dial_out_only``); the peers in ``gone`` left the swarm (as the
-    progress board would tell the others)."""
+    progress board would tell the others). ``walk_ins``: hosts take the peers that asked for their meeting, and a
+    member follows its host to the host it names (every peer of ``plans`` is in each view). ``waits``: peer -> the
+    peers whose request for its host's meeting it waits for before it comes (so that they walk in before it does)."""
     board, outcomes = board or Board(), {}
 
     def one(me, members):
+        with board.lock:
+            assert board.lock.wait_for(lambda: all(
+                p in board.askers.get((h, "meet-r4/meeting"), ()) for h, p in (waits or {}).get(me, ())), 10)
         host = host_of(members, lambda peer: peer not in dial_out_only)
         mine = meeting(group=host_key(4, host))
         peers = {m: m for m in members if m != me}
+        came = (lambda: {p: p for p in board.askers.get((me, "meet-r4/meeting"), ())}) if walk_ins else None
+        follow = lambda group: next(((p, p) for p in plans if walk_ins and host_key(4, p) == group), None)
         outcomes[me] = hold_meeting(board.transport(me), me, mine, host, peers, wait_s, wait_s, admit_ok,
-                                    subset=subset, gone=lambda peer: peer in gone)
+                                    subset=subset, gone=lambda peer: peer in gone, walk_ins=came, target=target,
+                                    follow=follow)
 
     threads = [threading.Thread(target=one, args=item) for item in plans.items() if item[0] not in absent]
     for t in threads:
@@ -194,6 +206,50 @@ def test_a_peer_the_host_did_not_plan_does_not_go_and_rereads_the_board():
     outcomes = meet_all({"a": ["a", "b"], "b": ["a", "b"], "c": ["a", "b", "c"]})
     assert outcomes["a"].ok and outcomes["b"].ok and set(outcomes["a"].meetings) == {"a", "b"}
     assert not outcomes["c"].ok and outcomes["c"].disagreed, outcomes["c"]
+
+
+def test_a_host_takes_in_a_peer_whose_view_showed_it_in_the_group():
+    # c's view showed it in a and b's group; theirs had not shown c yet. c asks a (its host) for its meeting, and a
+    # takes it in: all three go, with the same group
+    outcomes = meet_all({"a": ["a", "b"], "b": ["a", "b"], "c": ["a", "b", "c"]}, walk_ins=True, target=4,
+                        waits={"b": [("a", "c")]})
+    assert all(o.ok and set(o.meetings) == {"a", "b", "c"} for o in outcomes.values()), outcomes
+    # a plan's lone last peer walks into the group before it; its host takes walk-ins up to 2 target - 1
+    plans = {**{p: ["a", "b", "c", "d"] for p in "abcd"}, **{p: ["a", "b", "c", "d", p] for p in "xyz"}}
+    waits = {"b": [("a", p) for p in "xyz"]}
+    outcomes = meet_all(plans, walk_ins=True, target=4, wait_s=5.0, waits=waits)
+    went = {p for p, o in outcomes.items() if o.ok}
+    assert max_group_size(4) == 7 and went == set("abcdxyz"), outcomes
+    assert len({frozenset(o.meetings) for o in outcomes.values()}) == 1
+    outcomes = meet_all(plans, walk_ins=True, target=3, wait_s=5.0, waits=waits)  # bound 5: two of x, y, z stay out
+    assert {p for p, o in outcomes.items() if o.ok} == set("abcdx"), outcomes
+    assert all(not o.ok and "went without us" in o.reason for p, o in outcomes.items() if p in "yz")
+
+
+def test_a_full_group_of_walk_ins_goes_without_a_planned_peer_that_does_not_come():
+    # all or nothing (the early meeting): a waits for b, who planned it but does not come; c, d and e walked in, and
+    # with them the group holds its target of four: they go without b, before the meeting's wait is over
+    plans = {"a": ["a", "b"], **{p: ["a", p] for p in "cde"}}
+    started = time.monotonic()
+    outcomes = meet_all(plans, walk_ins=True, target=4, wait_s=30.0)
+    assert time.monotonic() - started < 25
+    assert all(o.ok and set(o.meetings) == set("acde") for o in outcomes.values()), outcomes
+    assert "3 more" in outcomes["a"].reason
+    # without walk-ins to fill it, the same meeting does not fill
+    outcomes = meet_all({"a": ["a", "b"], "c": ["a", "c"]}, walk_ins=True, target=4, wait_s=0.5)
+    assert not any(o.ok for o in outcomes.values()), outcomes
+
+
+def test_a_member_follows_its_host_to_the_host_that_one_names():
+    # c saw b come first and planned {b, c}; b had seen a before it and planned {a, b} (a hosts). b's meeting names a:
+    # c follows it there, and a takes c in
+    outcomes = meet_all({"a": ["a", "b"], "b": ["a", "b"], "c": ["b", "c"]}, walk_ins=True, target=4,
+                        waits={"a": [("a", "c")]})
+    assert all(o.ok and set(o.meetings) == {"a", "b", "c"} for o in outcomes.values()), outcomes
+    assert outcomes["c"].meetings["c"].group == host_key(4, "a")  # it went with a meeting naming its new host
+    # a host its view does not know is no one to follow
+    outcomes = meet_all({"a": ["a", "b"], "b": ["a", "b"], "c": ["b", "c"]}, wait_s=0.5)
+    assert not outcomes["c"].ok and outcomes["c"].disagreed
 
 
 def test_a_peer_that_planned_another_host_does_not_meet_and_the_others_go_without_it():

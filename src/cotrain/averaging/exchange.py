@@ -98,8 +98,8 @@ class Exchange:
         #: for these, not for a fixed time
         self._awaited: dict[str, int] = {}
         self._tags: list[str] = []
-        #: who asked for a piece while it was not published (or withdrawn), by key: peer id -> when (monotonic). A
-        #: meeting's host learns at once that a groupmate waits for it (:meth:`askers`), where the board takes reads
+        #: who asked for a piece, by key: peer id -> when (monotonic). A meeting's host learns at once that a peer
+        #: waits for it (:meth:`askers`: a groupmate, or a peer that walks in), where the board takes reads
         self._asked: dict[str, dict[str, float]] = {}
         self._providers: dict[str, Callable[[], Optional[bytes]]] = {}
         self._serving = 0
@@ -169,8 +169,8 @@ class Exchange:
                     self._awaited[key] = left - 1
 
     def askers(self, key: str, within_s: float) -> set[str]:
-        """The peers (ids) that asked for ``key`` in the last ``within_s`` seconds while it was not published here,
-        or was withdrawn (empty)."""
+        """The peers (ids) that asked for ``key`` in the last ``within_s`` seconds (whether it was published then
+        or not: a peer that asks for a meeting wants to meet)."""
         since = time.monotonic() - within_s
         with self._lock:
             return {peer for peer, at in self._asked.get(key, {}).items() if at >= since}
@@ -179,8 +179,6 @@ class Exchange:
         """Bounded: the newest 64 keys, 256 askers a key, each forgotten after a minute."""
         now = time.monotonic()
         with self._lock:
-            if self._outbox.get(key):
-                return
             asked = self._asked.pop(key, {})
             asked = {p: at for p, at in asked.items() if now - at < 60.0}
             if peer in asked or len(asked) < 256:

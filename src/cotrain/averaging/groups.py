@@ -10,14 +10,16 @@ names, its weight, its state hash and its credential); the host fetches its plan
 (:func:`meeting_outcome`) and publishes a :class:`Roster` of who goes, which the others fetch
 (:func:`hold_meeting`). When they all come the all-reduce starts at once, a round trip or two after the last one
 got there. One peer decides, so those that go agree on the group; peers whose views of the board differ (one read
-it before a newcomer came) still meet when they name the same host and the host planned them; and members behind
-NAT, who cannot dial each other, meet through the host. When the meeting does not fill the caller trains on and
-meets again, or falls back to hivemind's matchmaking. A meeting held once the round's wait is over (``subset``)
-goes with the planned peers that came and agree, when they are two or more.
+it before a newcomer came) still meet: the host also takes in the peers that came to it unplanned (walk-ins: it
+learns of them from their requests for its meeting), and a member whose host's meeting names another host follows
+it there; and members behind NAT, who cannot dial each other, meet through the host. When the meeting does not
+fill the caller trains on and meets again, or falls back to hivemind's matchmaking. A meeting held once the round's
+wait is over (``subset``) goes with the planned peers that came and agree, when they are two or more.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -158,7 +160,8 @@ class Outcome:
 
 
 def meeting_outcome(me: str, mine: Meeting, members: Sequence[str], received: Mapping[str, Optional[bytes]],
-                    admitted, subset: bool = False) -> Outcome:
+                    admitted, subset: bool = False, walk_ins: Mapping[str, Optional[bytes]] = {},
+                    target: int = 0) -> Outcome:
     """Whether a planned group met: every groupmate's meeting arrived, is one, names this round and the same group,
     and carries a credential ``admitted(peer, cred)`` accepts. -> the outcome, with the reason in words.
 
@@ -166,7 +169,15 @@ def meeting_outcome(me: str, mine: Meeting, members: Sequence[str], received: Ma
     included): the host's decision, which its roster tells the others. For a meeting held when peers had every
     chance to come (the round's wait is over, or a groupmate already averages): at 32 nodes on a sharded board,
     read every 4 s, views of who is at a round differed so often that 618 all-or-nothing meetings failed against
-    39 rounds applied."""
+    39 rounds applied.
+
+    ``walk_ins``: meetings of peers the host did not plan that came to it (they asked for its meeting: their view of
+    the board showed them in its group, or they were their plan's lone last peer). Those that name this round and
+    group and are admitted go too, in id order, up to :func:`max_group_size` of ``target`` (0: no bound but the
+    roster's); and once the group holds ``target`` peers it goes without the planned peers that did not come.
+    Views of a round read every few seconds differ most in who came last: a host that waited only for its own plan
+    sent away every member whose view had shown one more peer than its own (at 32 nodes, 149 meetings in a run
+    failed on "went without us")."""
     meetings = {me: mine}
     failures: list[Outcome] = []
     for peer in members:
@@ -189,12 +200,34 @@ def meeting_outcome(me: str, mine: Meeting, members: Sequence[str], received: Ma
             failures.append(Outcome(False, f"peer {peer[-8:]} has no valid credential", {}))
             continue
         meetings[peer] = meeting
+    planned = len(meetings)
+    bound = max_group_size(target)
+    for peer, data in sorted(walk_ins.items()):
+        if len(meetings) >= bound:
+            break
+        if peer in meetings or peer in members or not data:
+            continue
+        try:
+            meeting = Meeting.decode(data)
+        except ValueError:
+            continue  # a walk-in is nobody's plan: one that sent no meeting of ours is simply not of the group
+        if meeting.round == mine.round and meeting.group == mine.group and admitted(peer, meeting.cred):
+            meetings[peer] = meeting
+    more = f" and {len(meetings) - planned} more" if len(meetings) > planned else ""
+    if len(meetings) < 2:
+        return failures[0] if failures else Outcome(False, "nobody came to the round's meeting", {})
     if not failures:
-        return Outcome(True, f"all {len(members)} planned peers met", meetings)
-    if subset and len(meetings) >= 2:
-        return Outcome(True, f"{len(meetings)} of the {len(members)} planned peers met ({failures[0].reason})",
+        return Outcome(True, f"all {len(members)} planned peers met{more}", meetings)
+    if subset or (target > 0 and len(meetings) >= target):
+        return Outcome(True, f"{planned} of the {len(members)} planned peers met{more} ({failures[0].reason})",
                        meetings)
     return failures[0]
+
+
+def max_group_size(target: int) -> int:
+    """The most peers a host takes into its group: ``2 target - 1`` (a group too small to be two of ``target``; a
+    plan's lone last peer walks into the group before it), or the roster's bound when groups are not bounded."""
+    return 2 * target - 1 if target > 0 else MAX_ROSTER_MEMBERS
 
 
 class Transport(Protocol):
@@ -274,10 +307,16 @@ class Roster:
                    raw["reason"][:200])
 
 
+#: how often a host waiting for its planned groupmates looks for peers that walked in (asked for its meeting)
+WALK_IN_POLL_S = 0.25
+
+
 def hold_meeting(transport: Transport, me: str, mine: Meeting, host: str, peers: Mapping[str, Any], wait_s: float,
                  go_wait_s: float, admitted: Callable[[str, bytes], bool],
                  stop: Optional[threading.Event] = None, subset: bool = False,
-                 gone: Callable[[str], bool] = lambda peer: False) -> Outcome:
+                 gone: Callable[[str], bool] = lambda peer: False,
+                 walk_ins: Optional[Callable[[], Mapping[str, Any]]] = None, target: int = 0,
+                 follow: Callable[[str], Optional[tuple[str, Any]]] = lambda group: None) -> Outcome:
     """This peer's side of a board group's meeting, whose ``host`` (:func:`host_of`) decides who goes.
 
     Every member publishes ``mine`` (naming the host: :func:`host_key`); the host fetches its planned groupmates'
@@ -288,20 +327,53 @@ def hold_meeting(transport: Transport, me: str, mine: Meeting, host: str, peers:
     came) still meet when they name the same host and the host planned them. A member never fetches another
     member's meeting: two peers behind NAT, who cannot dial each other, meet through a host they can both dial.
     ``subset``: the host goes with the planned peers that came and agree, without the others.
-    ``gone(peer)``: a planned groupmate left the swarm since the plan (the board says so): not waited for."""
+    ``gone(peer)``: a planned groupmate left the swarm since the plan (the board says so): not waited for.
+
+    Views of the board differ, so a host also takes ``walk_ins()`` (id -> address: the peers that asked for its
+    meeting of the round, which it did not plan) into its group, up to ``target``'s bound (see
+    :func:`meeting_outcome`); and a member whose host's meeting names another host follows it there once:
+    ``follow(group)`` -> (that host's id, address) when this member's view knows it (the host had seen an earlier
+    peer that the member had not)."""
     if me == host:
-        return _host_meeting(transport, me, mine, peers, wait_s, admitted, stop, subset, gone)
-    return _join_meeting(transport, me, mine, host, peers[host], wait_s, go_wait_s, admitted, stop, gone)
+        return _host_meeting(transport, me, mine, peers, wait_s, admitted, stop, subset, gone, walk_ins, target)
+    tag = meeting_tag(mine.round)
+    transport.publish(tag, meeting_key(mine.round), mine.encode())
+    outcome = _joined(transport, me, mine, host, peers[host], wait_s, go_wait_s, admitted, stop, gone, follow)
+    if not outcome.ok:  # the host's next meeting must not read this one
+        transport.publish(tag, meeting_key(mine.round), WITHDRAWN)
+    return outcome
 
 
 def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[str, Any], wait_s: float,
-                  admitted, stop, subset: bool, gone) -> Outcome:
-    tag = meeting_tag(mine.round)
-    transport.publish(tag, meeting_key(mine.round), mine.encode())
-    received = fetch_until(transport, peers, meeting_key(mine.round), wait_s, stop, gone=gone)
-    outcome = meeting_outcome(me, mine, [me, *peers], received, admitted, subset=subset)
+                  admitted, stop, subset: bool, gone, walk_ins, target: int) -> Outcome:
+    tag, key = meeting_tag(mine.round), meeting_key(mine.round)
+    transport.publish(tag, key, mine.encode())
+    stop = stop or threading.Event()
+    deadline = time.monotonic() + wait_s
+    received: dict[str, Optional[bytes]] = {}
+    walked: dict[str, Optional[bytes]] = {}
+    while True:
+        came = {peer: address for peer, address in (walk_ins() if walk_ins else {}).items()
+                if peer != me and peer not in peers and not walked.get(peer)}
+        missing = [peer for peer in peers if not received.get(peer) and not gone(peer)]
+        left = deadline - time.monotonic()
+        if (not missing and not came) or left <= 0 or stop.is_set():
+            break
+        if not came and meeting_outcome(me, mine, [me, *peers], received, admitted, walk_ins=walked,
+                                        target=target).ok:
+            break  # a full group of walk-ins: no need to wait for the planned peers that did not come
+        # walk-ins have published their meetings before asking for ours: their answers come at once. A planned
+        # peer's request waits on its peer; with walk-ins possible, it is cut short to look for more of them
+        got = transport.fetch_many([(peers[peer], key) for peer in missing] + [(a, key) for a in came.values()],
+                                   wait_s=min(left, WALK_IN_POLL_S) if walk_ins else left)
+        received.update(zip(missing, got))
+        walked.update(zip(came, got[len(missing):]))
+        if not all(got[:len(missing)]) and walk_ins is None:
+            stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+    outcome = meeting_outcome(me, mine, [me, *peers], received, admitted, subset=subset, walk_ins=walked,
+                              target=target)
     seen = {}
-    for peer, data in received.items():
+    for peer, data in {**walked, **received}.items():
         try:
             seen[peer] = Meeting.decode(data).attempt if data else None
         except ValueError:
@@ -310,17 +382,7 @@ def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[s
     transport.publish(tag, roster_key(mine.round, mine.attempt), Roster(
         mine.round, mine.attempt, members, {p: a for p, a in seen.items() if a is not None}, outcome.reason).encode())
     if not outcome.ok:  # after the roster: a member that read this meeting reads that it did not fill
-        transport.publish(tag, meeting_key(mine.round), WITHDRAWN)
-    return outcome
-
-
-def _join_meeting(transport: Transport, me: str, mine: Meeting, host: str, address: Any, wait_s: float,
-                  go_wait_s: float, admitted, stop, gone) -> Outcome:
-    tag = meeting_tag(mine.round)
-    transport.publish(tag, meeting_key(mine.round), mine.encode())
-    outcome = _joined(transport, me, mine, host, address, wait_s, go_wait_s, admitted, stop, gone)
-    if not outcome.ok:  # the host's next meeting must not read this one
-        transport.publish(tag, meeting_key(mine.round), WITHDRAWN)
+        transport.publish(tag, key, WITHDRAWN)
     return outcome
 
 
@@ -337,13 +399,19 @@ def _decoded(data: Optional[bytes], decode: Callable[[bytes], Any], missing: str
 
 
 def _joined(transport: Transport, me: str, mine: Meeting, host: str, address: Any, wait_s: float,
-            go_wait_s: float, admitted, stop, gone) -> Outcome:
+            go_wait_s: float, admitted, stop, gone, follow=lambda group: None) -> Outcome:
     who = f"the group's host {host[-8:]}"
     data = fetch_until(transport, {host: address}, meeting_key(mine.round), wait_s, stop, gone=gone).get(host)
     hosted, failed = _decoded(data, Meeting.decode, f"{who} did not come to the round's meeting",
                               f"{who} sent no meeting")
     if failed is not None:
         return failed
+    if hosted.round == mine.round and hosted.group != mine.group:
+        there = follow(hosted.group)
+        if there is not None and there[0] not in (me, host):  # once: the host it names hosts its own group
+            moved = dataclasses.replace(mine, group=hosted.group)
+            transport.publish(meeting_tag(mine.round), meeting_key(mine.round), moved.encode())
+            return _joined(transport, me, moved, there[0], there[1], wait_s, go_wait_s, admitted, stop, gone)
     if hosted.round != mine.round or hosted.group != mine.group:
         return Outcome(False, f"{who} planned another group (round {hosted.round})", {}, disagreed=True)
     data = transport.fetch_many([(address, roster_key(mine.round, hosted.attempt))], wait_s=wait_s + go_wait_s)[0]

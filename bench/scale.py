@@ -15,7 +15,9 @@ runs compares the same amount of training. Columns:
 
 - ``round s``: seconds per round, median over the nodes, between the round each had when all were past their
   first (averaged, or caught up by downloading the state) and the last; a run goes on past ``--samples`` until
-  the median node is two rounds further (the machine's two cores are shared by all nodes, so at a fixed budget
+  the median node is ``--rounds`` rounds further (5: at 32 nodes the first round after all are in is the swarm's
+  most disordered, as 32 peers that came one by one find groups; the budget was spent by then, and a run timed
+  two rounds of it) (the machine's two cores are shared by all nodes, so at a fixed budget
   more nodes mean slower steps: ``round s`` grows with the swarm even when averaging costs nothing more; ``step
   s`` says how much);
 - ``of which not stepping``: the part of a round a node spent outside its steps (meeting, all-reduce, waiting for
@@ -86,6 +88,7 @@ def make_config(args, nodes: int) -> RunConfig:
         optimizer={"lr": 3e-3, "grad_clip": 1.0},
         averaging={"strategy": "diloco", "inner_steps": args.inner_steps, "target_group_size": args.group,
                    "group_formation": args.formation, "board_shards": shards_for(args, nodes),
+                   "group_rounds": args.group_rounds,
                    "state_averaging": args.state_averaging,
                    "progress_interval": progress_interval(args, nodes), "matchmaking_time": 3.0,
                    "request_timeout": 2.0,
@@ -173,7 +176,7 @@ def one_run(args, nodes: int) -> dict:
                     costs = [footprint(p.pid) for p in procs]
             samples = sum(m.samples_local for m in rows.values())
             if warm_at is not None and samples >= args.samples and statistics.median(
-                    m.round - first[name][0] for name, m in rows.items() if name in first) >= 2:
+                    m.round - first[name][0] for name, m in rows.items() if name in first) >= args.rounds:
                 break  # the budget spent, and rounds enough since the start to time one
             time.sleep(2.0)
         window = time.monotonic() - warm_at
@@ -198,7 +201,7 @@ def one_run(args, nodes: int) -> dict:
         states_averaged = sum(int(m.get("states_averaged", 0)) for m in lasts)
     round_s = statistics.median(per_round) if per_round else float("nan")
     return dict(nodes=nodes, group=args.group, model=args.model, zygote=args.zygote, formation=args.formation,
-                cpu_per_node=args.cpu_per_node,
+                cpu_per_node=args.cpu_per_node, group_rounds=args.group_rounds,
                 board_shards=cfg.averaging.board_shards, progress_interval=cfg.averaging.progress_interval,
                 unit_bytes=cfg.coordinator.unit_bytes,
                 state_averaging=args.state_averaging, resyncs=resyncs, states_averaged=states_averaged,
@@ -220,7 +223,7 @@ def virtual_runs(args) -> None:
         for shards in sorted({1, shards_for(args, peers)}):
             cfg = SimConfig(peers=peers, shards=shards, group=args.group, inner_steps=args.inner_steps,
                             progress_interval=progress_interval(args, 1), duration_s=args.virtual_seconds,
-                            state_averaging=args.state_averaging)
+                            state_averaging=args.state_averaging, group_rounds=args.group_rounds)
             started = time.monotonic()
             result = simulate(cfg)
             row = dict(vars(result), sim_wall_s=time.monotonic() - started, group=args.group,
@@ -236,6 +239,7 @@ def virtual_runs(args) -> None:
                   r["busiest_node_bytes_min"] / 1e6, r["rounds_per_min"], r["averaged_per_peer_min"], r["group_size"],
                   r["failed_meetings"], r["resyncs"], r["alone"], r["states_at_end"]] for r in runs])
     write_json(args.json, {"virtual": runs, "group": args.group, "shards": args.shards,
+                           "group_rounds": args.group_rounds,
                            "inner_steps": args.inner_steps, "model": "cotrain.averaging.simulation"})
 
 
@@ -257,11 +261,16 @@ def main() -> None:
                              'machine\'s CPUs over the largest --nodes, as if each node had a small machine of its own), '
                              'or "off" (the nodes share the cores as the kernel schedules them)')
     parser.add_argument("--inner-steps", type=int, default=20, help="local steps per round (H)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="rounds the median node must average after all nodes are in, whatever the budget: the "
+                             "rounds `round s` times")
     parser.add_argument("--formation", default="board", choices=["board", "board_only", "matchmaking"],
                         help="averaging.group_formation (board_only: no hivemind averager process)")
     parser.add_argument("--shards", default=None,
                         help='averaging.board_shards: a count, or "auto" (nodes / (2 x group), at least 1); default 1, '
                              'and "auto" with --virtual (which runs one key too, side by side)')
+    parser.add_argument("--group-rounds", type=int, default=1,
+                        help="averaging.group_rounds: rounds a group stays together (1: planned afresh every round)")
     parser.add_argument("--state-averaging", action="store_true",
                         help="averaging.state_averaging: groups whose members' states differ average them")
     parser.add_argument("--progress-interval", default="auto",
@@ -313,7 +322,8 @@ def main() -> None:
                  if "error" not in r else [r["nodes"], "", "did not run: " + r["error"][:60]] + [""] * 12
                  for r in runs])
     write_json(args.json, {"runs": runs, "group": args.group, "formation": args.formation, "shards": args.shards,
-                           "samples": args.samples, "hidden": args.hidden, "inner_steps": args.inner_steps,
+                           "samples": args.samples, "rounds": args.rounds, "hidden": args.hidden,
+                           "inner_steps": args.inner_steps,
                            "model": args.model, "zygote": args.zygote, "cpu_per_node": args.cpu_per_node})
 
 

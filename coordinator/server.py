@@ -137,7 +137,7 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
     admission.apply_revocations(issuer.signed_revocations)
     exchange = Exchange(dht, f"{run_id}_exchange", admission)
     board = ProgressBoard(dht, run_id, ttl=3 * cfg.averaging.progress_interval + 1.0, admission=admission,
-                          shards=cfg.averaging.board_shards)
+                          shards=cfg.averaging.board_shards, shard_rounds=cfg.averaging.group_rounds)
     own_credential = lambda: issuer.issue("coordinator", str(dht.peer_id), board.record_public_key,  # noqa: E731
                                           role="coordinator")
     admission.set_credential(own_credential())

@@ -460,7 +460,8 @@ class Node:
         names = [n for n, _ in a.model.named_parameters()]
         save_checkpoint(self.options.state_dir / "last.safetensors", named_state(names, tensors),
                         dict(metadata, config_toml=cfg.to_toml(), rounds=a.stats.history, time=time.time(),
-                                       states_averaged=a.stats.states_averaged, resyncs=a.stats.resyncs))
+                                       states_averaged=a.stats.states_averaged, resyncs=a.stats.resyncs,
+                                       groups_kept=a.stats.groups_kept))
 
     def _status(self) -> dict:
         """What ``STATE_DIR/status.json`` holds (:class:`StatusFile`, due at every new round and every

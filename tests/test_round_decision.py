@@ -98,6 +98,10 @@ def test_shards_are_dealt_afresh_every_round_and_evenly():
     again = [shard_of("run", 8, p, 8) for p in peers]
     assert sum(a == b for a, b in zip(first, again)) < 100  # next round mixes (1 in 8 expected to stay)
     assert shard_of("other-run", 7, "peer0", 1 << 20) != shard_of("run", 7, "peer0", 1 << 20)
+    # a deal that lasts 4 rounds (averaging.board_shard_rounds): rounds 8 to 11 keep every peer's shard, 12 deals anew
+    dealt = [shard_of("run", 8, p, 8, 4) for p in peers]
+    assert all(dealt == [shard_of("run", r, p, 8, 4) for p in peers] for r in (9, 10, 11))
+    assert sum(a == b for a, b in zip(dealt, [shard_of("run", 12, p, 8, 4) for p in peers])) < 100
 
 
 def test_a_sharded_board_has_one_schema_field_per_shard_key():

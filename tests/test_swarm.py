@@ -155,17 +155,19 @@ def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, cor
         assert all(s["groups_from_board"] == 0 and s["groups_matchmade"] >= 1 for s in statuses), statuses
 
 
-@pytest.mark.parametrize("state_averaging", [False, True], ids=["states_by_majority", "states_averaged"])
+@pytest.mark.parametrize("state_averaging,group_rounds", [(False, 1), (True, 1), (False, 4)],
+                         ids=["states_by_majority", "states_averaged", "groups_kept"])
 def test_four_nodes_on_a_sharded_board_average_in_groups_of_their_shard(tmp_path, corpus_file, state_averaging,
-                                                                        node_zygote):
+                                                                        group_rounds, node_zygote):
     """board_shards = 2: each node reads and publishes only its shard of its round (about half the swarm), groups of
     two form within a shard, and the shards are dealt afresh every round. A shard of one (likely with 4 nodes in 2
     shards) waits round_wait for shardmates, then averages alone. Groups of a round apply different averages: a
     later group whose members' states differ takes its majority's (the others download it), or, with
-    state_averaging, averages the states."""
+    state_averaging, averages the states. With group_rounds = 4 the shards are dealt, and the groups planned, at
+    round 0 only (of rounds 0 to 3): a group meets again at its next round from its roster, without the board."""
     cfg = tiny_config(corpus_file, averaging={"group_formation": "board_only", "board_shards": 2,
                                               "target_group_size": 2, "round_wait": 3.0,
-                                              "state_averaging": state_averaging})
+                                              "state_averaging": state_averaging, "group_rounds": group_rounds})
     coordinator = RunningCoordinator(tmp_path, cfg, zygote=node_zygote)
     try:
         health, finals = train_together(coordinator, tmp_path, 4, rounds=4)
@@ -184,6 +186,11 @@ def test_four_nodes_on_a_sharded_board_average_in_groups_of_their_shard(tmp_path
     # about; without it, never
     if not state_averaging:
         assert sum(f.metadata["states_averaged"] for f in finals) == 0
+    kept = sum(f.metadata["groups_kept"] for f in finals)
+    if group_rounds > 1:  # a group of round 0 (or 1, 2) met again at the next round: both its members count it
+        assert kept >= 2, [f.metadata["rounds"] for f in finals]
+    else:
+        assert kept == 0
     assert_learned(coordinator.cfg, finals[0].model_state())
 
 

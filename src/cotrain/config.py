@@ -262,6 +262,14 @@ class AveragingConfig(_Section):
     #: its shard of its round (about N/S records, whatever N), groups form within a shard, and the shards are dealt
     #: afresh every round. Pick S near N / (2 x target_group_size); every node of a run must use the same S.
     board_shards: int = Field(1, ge=1, le=1024)
+    #: rounds a group stays together when groups are smaller than the swarm (target_group_size, board_shards):
+    #: the peers that averaged at round r meet again at r + 1 (their roster is the plan: no board read, no views to
+    #: agree), up to a round that is a multiple of group_rounds, where groups are planned afresh and a sharded
+    #: board deals its shards anew (a peer's shard is drawn from (run, round // group_rounds, peer)). A group that
+    #: averaged together comes to its next round together, as a swarm of one group does; with groups dealt afresh
+    #: every round (1) each round's group gathers peers from different groups of the round before, which reach
+    #: their H steps seconds apart. More rounds together mix updates across the swarm more slowly
+    group_rounds: int = Field(1, ge=1, le=1000)
     #: with groups smaller than the swarm (target_group_size, board_shards) the groups of a round apply different
     #: averages, and their states meet again only in a later group, where the majority's state hash wins and the
     #: others download it. With state_averaging a group whose members' states differ also averages the states

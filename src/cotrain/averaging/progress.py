@@ -88,13 +88,13 @@ class Decision:
     reason: str
 
 
-def shard_of(seed: str, round_number: int, peer_id: str, shards: int) -> int:
-    """The board shard a peer publishes to and reads at a round: a hash of (seed, round, peer), so that every peer
-    computes every other's, and each round deals the peers out afresh (groups form within a shard, and mix across
-    the swarm from round to round)."""
+def shard_of(seed: str, round_number: int, peer_id: str, shards: int, rounds_per_deal: int = 1) -> int:
+    """The board shard a peer publishes to and reads at a round: a hash of (seed, round // ``rounds_per_deal``,
+    peer), so that every peer computes every other's, and the peers are dealt out afresh every ``rounds_per_deal``
+    rounds (groups form within a shard, and mix across the swarm from deal to deal)."""
     if shards <= 1:
         return 0
-    digest = hashlib.sha1(f"{seed}/{round_number}/{peer_id}".encode()).digest()
+    digest = hashlib.sha1(f"{seed}/{round_number // max(1, rounds_per_deal)}/{peer_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % shards
 
 
@@ -236,8 +236,9 @@ class ProgressBoard:
     """
 
     def __init__(self, dht: DHT, run_id: str, ttl: float, admission: Admission,
-                 private_key: Optional[RSAPrivateKey] = None, shards: int = 1):
+                 private_key: Optional[RSAPrivateKey] = None, shards: int = 1, shard_rounds: int = 1):
         self.dht, self.run_id, self.ttl, self.shards = dht, run_id, ttl, max(1, int(shards))
+        self.shard_rounds = max(1, int(shard_rounds))
         self.keys = [shard_key(run_id, s) for s in range(self.shards)]
         self.key = self.keys[0]
         self.revocations_key = f"{run_id}_revocations"
@@ -263,7 +264,7 @@ class ProgressBoard:
         return peer_id.encode() + self.signer.local_public_key
 
     def shard(self, round_number: int, peer_id: str) -> int:
-        return shard_of(self.run_id, round_number, peer_id, self.shards)
+        return shard_of(self.run_id, round_number, peer_id, self.shards, self.shard_rounds)
 
     def publish(self, progress: PeerProgress, shard: Optional[int] = None):
         """Store this peer's record under the key of its shard at its round (or ``shard``'s); -> the store's future

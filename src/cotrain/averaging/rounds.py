@@ -95,6 +95,8 @@ class RoundStats:
     #: how the groups of the averaged rounds formed: from the progress board, or by hivemind's matchmaking
     groups_from_board: int = 0
     groups_matchmade: int = 0
+    #: rounds whose group was planned as the group of the round before (averaging.group_rounds)
+    groups_kept: int = 0
     #: seconds, in total, the rounds spent forming groups and in the all-reduce (failed rounds included)
     meet_s: float = 0.0
     allreduce_s: float = 0.0
@@ -162,6 +164,9 @@ class RoundAverager(abc.ABC):
         #: groups.Meeting.attempt). With matchmaking to fall back on a round holds one meeting; "board_only" meets
         #: again at every try
         self._met_round = -1
+        #: (round, its group: every member, this peer included) of the last round this peer's group met at on the
+        #: board: the plan of the next round within averaging.group_rounds (see :meth:`_kept_group`)
+        self._kept: Optional[tuple[int, list[str]]] = None
         self._meetings_held = 0
         self._meeting_held = False
         self.stats = RoundStats()
@@ -173,7 +178,8 @@ class RoundAverager(abc.ABC):
         self.rules = RoundRules(cfg.inner_steps, cfg.round_wait, stale_after=3 * cfg.progress_interval + 1.0)
         self.admission = admission
         self.board = ProgressBoard(dht, run_id, ttl=self.rules.stale_after, admission=admission,
-                                   private_key=record_key, shards=cfg.board_shards)
+                                   private_key=record_key, shards=cfg.board_shards,
+                                   shard_rounds=cfg.group_rounds)
         #: averaging.board_shards > 1: this peer reads only its shard's key at its round, so the view of one round
         #: says nothing about the next (see :meth:`_view_stale`)
         self.sharded = self.board.shards > 1
@@ -400,6 +406,16 @@ class RoundAverager(abc.ABC):
             logger.info("round %d: %s", self.round, decision.reason)
             self._average(announce=False)
             return decision
+        if (self.reached_h_at is not None and self._met_round != self.round and now >= self.retry_at
+                and self.cfg.group_formation != "matchmaking" and self._kept_group() is not None):
+            # the group of the round before meets again: no view of the board to wait for (a sharded board is
+            # read afresh at every round, and at 32 nodes on 2 cores reads took seconds, or timed out)
+            decision = Decision(Action.AVERAGE, f"reached {self.rules.inner_steps} steps: meeting the group of "
+                                                f"round {self.round - 1} again")
+            self.stats.last_reason = decision.reason
+            logger.info("round %d: %s", self.round, decision.reason)
+            self._average(early=True)
+            return decision
         if now < self.retry_at or self._awaiting_read(now) or self._board_unknown(now) or self._view_stale():
             return None
         board_now = self._board_time()
@@ -409,6 +425,11 @@ class RoundAverager(abc.ABC):
         if early:  # no need to wait until the board shows the others at H: the meeting waits for them
             decision = Decision(Action.AVERAGE, f"reached {self.rules.inner_steps} steps: meeting this round's peers")
         if decision.action is Action.TRAIN:
+            return None
+        if decision.action is Action.RESYNC and self._kept_group() is not None and self._met_round != self.round:
+            # the group of the round before goes on at its own pace until its meeting fails: a peer ahead is of
+            # another group, and taking its state would leave this group one member short (at 32 nodes, members
+            # that went ahead by download left their groups waiting for them at every round)
             return None
         self.stats.last_reason = decision.reason
         logger.info("round %d: %s", self.round, decision.reason)
@@ -459,23 +480,44 @@ class RoundAverager(abc.ABC):
                 and not self._peers_behind(now) and self._board_group(now) is not None)
 
     def _waited_for(self) -> Optional[str]:
-        """A planned groupmate that asked for this peer's meeting of the round in the last second while it had none
-        out (it was training): the groupmate waits at the meeting, as its host or as a member whose host this peer
-        is. The board would tell it a read or two later (at 32 nodes, reads every 4 s: members waited for a host
-        that was training, 99 times in one run); the request tells it at once. -> the groupmate's id, or None."""
-        if self.cfg.group_formation == "matchmaking" or self.steps_in_round == 0 or self._pending is not None:
+        """A peer of this round that asked for this peer's meeting in the last second while it had none out (it was
+        training): the peer waits at the meeting, for its host or (its view made us the host) as a walk-in. The board
+        would tell it a read or two later (at 32 nodes, reads every 4 s: members waited for a host that was
+        training, 99 times in one run); the request tells it at once. -> the peer's id, or None."""
+        if (self.cfg.group_formation == "matchmaking" or self.steps_in_round == 0 or self._pending is not None
+                or self._awaiting_read(time.time())):  # our view failed a meeting: the same view would fail again
             return None
         askers = self.exchange.askers(meeting_key(self.round), within_s=1.0)
-        if not askers:
+        return min(askers) if askers else None
+
+    def _walk_ins(self, round_number: int) -> dict[str, PeerID]:
+        """The peers that asked for this peer's meeting of ``round_number`` within the meeting's wait (id -> address):
+        their view of the board made this peer their host (groups.hold_meeting takes them in)."""
+        asked = self.exchange.askers(meeting_key(round_number), within_s=self.cfg.matchmaking_time)
+        out = {}
+        for peer in asked:
+            try:  # libp2p authenticated these ids: a bad one is a bug, and costs only that walk-in
+                out[peer] = PeerID.from_base58(peer)
+            except ValueError:
+                continue
+        return out
+
+    def _kept_group(self) -> Optional[list[str]]:
+        """The group this peer averaged with at the round before, when it stays together for this round
+        (averaging.group_rounds > 1, and this round is no multiple of it): every member, this one included, as the
+        host's roster listed them, so that all of them plan the same group without reading the board. None when
+        groups are planned from the board this round."""
+        k = self.cfg.group_rounds
+        if k <= 1 or self._kept is None or self._kept[0] != self.round - 1 or self.round % k == 0:
             return None
-        planned = self._board_group(self._board_time())
-        return None if planned is None else next((peer for peer in planned[0] if peer in askers), None)
+        return self._kept[1]
 
     def _fresh_view_due(self) -> bool:
         """On a sharded board the early meeting waits for a read of the shard begun once this peer took its H steps
         (the publisher is woken then): the view it came to the round with shows only the peers that came before
         it, and it would plan its group without those that came since."""
-        return self.sharded and self.reached_h_at is not None and self._peers_read_at < self.reached_h_at
+        return (self.sharded and self.reached_h_at is not None and self._peers_read_at < self.reached_h_at
+                and self._kept_group() is None)
 
     def _split(self, now: float) -> bool:
         """The round's peers average in several groups: the board is sharded, or it shows more live peers than
@@ -498,6 +540,14 @@ class RoundAverager(abc.ABC):
         (all behind NAT: nobody could fetch a meeting; every member sees the same flags on the board, so none of
         them meets, or with "board" they all go to matchmaking together). Members behind NAT meet through the host,
         never fetching each other."""
+        kept = self._kept_group()
+        if kept is not None:  # the group of the round before meets again: its roster is the plan
+            gone = {p.peer_id for p in self._peers if p.phase == "left"}
+            members = [peer for peer in kept if peer not in gone]
+            dial_out_only = {p.peer_id for p in self._peers if not p.reducer} | (
+                {self.peer_id} if self.client_mode else set())
+            host = host_of(members, lambda peer: peer not in dial_out_only)
+            return (members, host) if len(members) >= 2 and host is not None else None
         # on a sharded board last round's groupmates are in other shards now: only this round's shard counts
         here = round_peers(now, self.progress(), self._peers, self.rules,
                            () if self.sharded else self.stats.last_group)
@@ -508,6 +558,11 @@ class RoundAverager(abc.ABC):
         else:
             groups = plan_groups(self.round, [self.peer_id, *here], self.cfg.target_group_size, self.run_id)
         members = group_of(self.peer_id, groups)
+        if members == [self.peer_id] and len(groups) > 1:
+            # the last of the shard's arrivals, alone: walk into the group before (its host takes walk-ins up to
+            # groups.max_group_size), rather than wait for a next peer that may not come this round. Its members'
+            # plans stay as they were: only this peer plans the bigger group
+            members = [*groups[-2], self.peer_id]
         dial_out_only = {p.peer_id for p in self._peers if not p.reducer}
         if self.client_mode:
             dial_out_only.add(self.peer_id)
@@ -530,7 +585,7 @@ class RoundAverager(abc.ABC):
         board_now = self._board_time()
         peers_here = [p for p in live_peers(board_now, self.progress(), self._peers, self.rules)
                       if p.round == self.round]
-        if not live_peers(board_now, self.progress(), self._peers, self.rules):
+        if not live_peers(board_now, self.progress(), self._peers, self.rules) and self._kept_group() is None:
             self._apply_and_advance(contribution, group_size=1)
             return
         self.phase = "average"
@@ -575,6 +630,12 @@ class RoundAverager(abc.ABC):
         self.stats.allreduce_s += result.allreduce_s
         if result.kind in (Kind.APPLY, Kind.RESYNC):
             self.samples_total += result.others_samples
+            k = self.cfg.group_rounds
+            if (result.from_board and k > 1 and launch.round % k != 0 and self._kept is not None
+                    and self._kept[0] == launch.round - 1):
+                self.stats.groups_kept += 1
+            # a member that downloads the group's new state after the round is as much of the group as the others
+            self._kept = (launch.round, sorted({self.peer_id, *result.group})) if result.from_board else None
             if result.partial:
                 self.stats.partial_rounds += 1
                 logger.warning("round %d: %s", launch.round, result.reason)
@@ -625,6 +686,8 @@ class RoundAverager(abc.ABC):
         self._meeting_held = False  # whether this try went to a meeting (one that did not fill is held again)
         self._meetings_held = self._meetings_held + 1 if self._met_round == launch.round else 1
         self._met_round = launch.round
+        if planned is None and not self.client_mode and self._walk_ins(launch.round):
+            planned = [self.peer_id], self.peer_id  # alone on our view, but peers came to us: host them
         if planned is None:
             return None, "no group of two on the board", False
         members, host = planned
@@ -647,8 +710,14 @@ class RoundAverager(abc.ABC):
         # the early meeting (this peer just took its H steps) waits for all its planned groupmates, or trains on
         # while round_decision waits for the slower ones; a later one (the round's wait is over, or a groupmate
         # already averages) goes with the planned peers that came and agree, two at least
+        def follow(group: str) -> Optional[tuple[str, PeerID]]:  # the host a meeting names, if our view knows it
+            there = next((p for p in self._peers if p.reducer and host_key(launch.round, p.peer_id) == group), None)
+            return None if there is None else (there.peer_id, PeerID.from_base58(there.peer_id))
+
         outcome = hold_meeting(self.exchange, self.peer_id, mine, host, peers, self.cfg.matchmaking_time,
-                               self.cfg.request_timeout, admitted, self._stop, subset=not launch.early, gone=gone)
+                               self.cfg.request_timeout, admitted, self._stop, subset=not launch.early, gone=gone,
+                               walk_ins=lambda: self._walk_ins(launch.round), target=self.cfg.target_group_size,
+                               follow=follow)
         if not outcome.ok:
             logger.info("round %d: the board's group did not meet (%s)", launch.round, outcome.reason)
             return None, outcome.reason, outcome.disagreed

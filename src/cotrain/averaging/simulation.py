@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
-from cotrain.averaging.groups import group_of, host_of, plan_arrival_groups, plan_groups
+from cotrain.averaging.groups import group_of, host_of, max_group_size, plan_arrival_groups, plan_groups
 from cotrain.averaging.progress import (Action, PeerProgress, RoundRules, groups_split, live_peers, round_decision,
                                         round_peers, shard_of)
 
@@ -51,6 +51,7 @@ def lookup_bytes(n: int) -> int:
 class SimConfig:
     peers: int = 100
     shards: int = 1  # averaging.board_shards
+    group_rounds: int = 1  # averaging.group_rounds
     group: int = 4  # averaging.target_group_size
     inner_steps: int = 20  # H
     step_s: float = 0.25  # mean seconds a local step takes
@@ -88,6 +89,7 @@ class Peer:
     retry_at: float = 0.0
     meeting: Optional[tuple] = None  # (round, key, members, since)
     last_group: tuple = ()
+    kept: Optional[tuple] = None  # (round, members) of its last group (the node's _kept)
     #: from the last read, so that most steps need no decision: the highest round on it, and the rounds at which
     #: some peer was averaging
     view_max_round: int = -1
@@ -143,7 +145,7 @@ class BoardSim:
         return [self.peers[(start + i) % len(self.peers)].name for i in range(min(REPLICAS, len(self.peers)))]
 
     def _publish(self, p: Peer, now: float) -> None:
-        shard = shard_of("sim", p.round, p.name, len(self.shards))
+        shard = shard_of("sim", p.round, p.name, len(self.shards), self.cfg.group_rounds)
         self.shards[shard][p.name] = (p.progress(now), now + self.rules.stale_after)
         cost = lookup_bytes(len(self.peers)) + REPLICAS * (REQUEST_BYTES + RECORD_BYTES)
         self.bytes_by_peer[p.name] += cost
@@ -151,7 +153,7 @@ class BoardSim:
             self.served[r] += REQUEST_BYTES + RECORD_BYTES
 
     def _read(self, p: Peer, now: float) -> None:
-        shard = shard_of("sim", p.round, p.name, len(self.shards))
+        shard = shard_of("sim", p.round, p.name, len(self.shards), self.cfg.group_rounds)
         key = self.shards[shard]
         for name in [n for n, (_, expires) in key.items() if expires < now]:
             del key[name]
@@ -183,7 +185,20 @@ class BoardSim:
         p.busy_until = now + self.cfg.resync_s
         self.resyncs += 1
 
+    def _kept_group(self, p: Peer) -> Optional[list]:
+        k = self.cfg.group_rounds
+        if k <= 1 or p.kept is None or p.kept[0] != p.round - 1 or p.round % k == 0:
+            return None
+        return list(p.kept[1])
+
     def _go_to_meeting(self, p: Peer, now: float) -> None:
+        kept = self._kept_group(p)
+        if kept is not None:  # the group of the round before meets again (the node's _kept_group)
+            p.met_round = p.round
+            key = (p.round, host_of(kept, lambda peer: True))
+            self.meetings.setdefault(key, {})[p.name] = now
+            p.meeting, p.phase = (p.round, key, kept, now), "average"
+            return
         sharded = len(self.shards) > 1
         here = round_peers(p.read_at, p.progress(now), p.view, self.rules, () if sharded else p.last_group)
         if sharded:  # as the node's _board_group
@@ -192,6 +207,8 @@ class BoardSim:
         else:
             groups = plan_groups(p.round, [p.name, *here], self.cfg.group, "sim")
         members = group_of(p.name, groups)
+        if members == [p.name] and len(groups) > 1:  # a lone last peer walks into the group before (as the node)
+            members = [*groups[-2], p.name]
         p.met_round = p.round
         if len(members) < 2:
             return
@@ -202,9 +219,16 @@ class BoardSim:
     def _settle_meetings(self, now: float) -> None:
         for key, came in list(self.meetings.items()):
             host = self.by_name[key[1]]  # its plan decides (groups.hold_meeting), once it came
-            members = host.meeting[2] if key[1] in came and host.meeting and host.meeting[1] == key else None
-            if members is not None and all(m in came for m in members):
-                for m in came:  # came planning this host, which did not plan them: they go back to training
+            planned = host.meeting[2] if key[1] in came and host.meeting and host.meeting[1] == key else None
+            members = []
+            if planned is not None:  # the host's plan, and walk-ins up to the bound (groups.meeting_outcome)
+                members = [m for m in planned if m in came]
+                walked = sorted(m for m in came if m not in planned)
+                members += walked[:max(0, max_group_size(self.cfg.group) - len(members))]
+            # the node's later meeting goes with the planned peers that came (subset); here once the wait is over
+            waited = now - min(came.values()) > self.cfg.matchmaking_time
+            if len(members) >= 2 and (all(m in came for m in planned) or len(members) >= self.cfg.group or waited):
+                for m in came:  # came planning this host, which did not take them: they go back to training
                     if m not in members:
                         q = self.by_name[m]
                         q.meeting, q.phase, q.retry_at = None, "train", now + self.cfg.progress_interval
@@ -216,6 +240,7 @@ class BoardSim:
                     q = self.by_name[m]
                     self._advance(q, now, new_state)
                     q.last_group = tuple(x for x in members if x != m)
+                    q.kept = (q.round - 1, tuple(sorted(members)))
                     resync = states[members.index(m)] != majority and not self.cfg.state_averaging
                     q.busy_until = now + self.cfg.allreduce_s + (self.cfg.resync_s if resync else 0.0)
                 self.groups += 1
@@ -237,6 +262,10 @@ class BoardSim:
             p.reached_h_at = now
             if len(self.shards) > 1:  # the node reads its shard afresh for the early meeting (_fresh_view_due)
                 self._read(p, now)
+        if (p.meeting is None and p.reached_h_at is not None and p.met_round != p.round and now >= p.retry_at
+                and self._kept_group(p) is not None):  # as the node: no board read to wait for
+            self._go_to_meeting(p, now)
+            return
         if p.meeting is not None or now < p.retry_at or (len(self.shards) > 1 and p.view_round != p.round):
             return
         if (p.steps < self.cfg.inner_steps and p.view_max_round <= p.round
@@ -247,6 +276,8 @@ class BoardSim:
         sharded = len(self.shards) > 1
         decision = round_decision(board_now, p.progress(board_now), p.view, self.rules, p.reached_h_at,
                                   alone_waits=sharded, split=groups_split(sharded, self.cfg.group, len(live)))
+        if decision.action is Action.RESYNC and self._kept_group(p) is not None and p.met_round != p.round:
+            return  # as the node: a kept group goes on at its own pace until its meeting fails
         if decision.action is Action.RESYNC:
             self._resync(p, now)
         elif decision.action is Action.AVERAGE:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cotrain.averaging.diloco import DiLoCo
-from cotrain.averaging.outcome import Kind, others_samples, round_outcome
+from cotrain.averaging.outcome import Kind, majority_holders, others_samples, round_outcome
 from cotrain.averaging.overlap import PendingRound, carry_local_progress
 
 
@@ -31,6 +31,9 @@ def test_a_peer_whose_state_is_not_the_groups_majority_resyncs_and_ties_pick_the
     tie = info(a="1", b="1", c="2", d="2")
     kinds = {p: round_outcome(p, h["hash"], tie, True, 4)[0] for p, h in tie.items()}
     assert kinds == {"a": Kind.RESYNC, "b": Kind.RESYNC, "c": Kind.APPLY, "d": Kind.APPLY}
+    # those that resync download the group's state from the side that applies, never from their own side
+    assert majority_holders(tie) == ["c", "d"]
+    assert majority_holders(info(me="y", a="x", b="x")) == ["a", "b"]
 
 
 def test_the_groupmates_samples_are_counted_and_bounded():

@@ -38,6 +38,8 @@ class RoundResult:
     #: APPLY with averaging.state_averaging: the group's average of the members' shared states, shaped like
     #: ``RoundAverager._all_shared()``, taken before the round's average is applied (None: the states were one)
     state: Optional[list] = None
+    #: RESYNC: the members that hold the group's state (its majority), to download it from
+    donors: tuple = ()
 
 
 def round_outcome(me: str, my_hash: str, info: Mapping[str, Mapping], complete: bool,
@@ -47,8 +49,7 @@ def round_outcome(me: str, my_hash: str, info: Mapping[str, Mapping], complete: 
     partial. ``info``: member id -> what it said at the meeting (``hash``, ``samples``), ourselves included;
     ``complete``: every contribution arrived; ``seen``: peers at this round on the board, ourselves included.
     -> (kind, partial, reason in words)."""
-    hashes = collections.Counter(str(v.get("hash")) for v in info.values())
-    majority, votes = max(hashes.items(), key=lambda kv: (kv[1], kv[0]))
+    majority, votes = _majority(info)
     size = len(info)
     partial = not complete or size < seen
     if my_hash != majority:
@@ -59,6 +60,19 @@ def round_outcome(me: str, my_hash: str, info: Mapping[str, Mapping], complete: 
     if size < seen:
         return Kind.APPLY, True, f"averaged {size} of the {seen} peers seen at this round"
     return Kind.APPLY, False, f"averaged with {size - 1} peer(s)"
+
+
+def _majority(info: Mapping[str, Mapping]) -> tuple[str, int]:
+    hashes = collections.Counter(str(v.get("hash")) for v in info.values())
+    return max(hashes.items(), key=lambda kv: (kv[1], kv[0]))
+
+
+def majority_holders(info: Mapping[str, Mapping]) -> list[str]:
+    """The members (ids, sorted) whose state is the group's: the hash :func:`round_outcome` says the majority holds.
+    A member that resyncs after the round downloads the group's new state from one of them, rather than from the
+    peer with the most progress (at 32 nodes that was often a peer rounds ahead, and the member left its group)."""
+    majority, _ = _majority(info)
+    return sorted(peer for peer, said in info.items() if str(said.get("hash")) == majority)
 
 
 def others_samples(me: str, info: Mapping[str, Mapping]) -> int:

@@ -39,7 +39,8 @@ from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, gr
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.groups import (Meeting, group_of, hold_meeting, host_key, host_of, meeting_key,
                                      plan_arrival_groups, plan_groups)
-from cotrain.averaging.outcome import Kind, RoundResult, members_of, others_samples, round_outcome
+from cotrain.averaging.outcome import (Kind, RoundResult, majority_holders, members_of, others_samples,
+                                       round_outcome)
 from cotrain.averaging.overlap import PendingRound
 from cotrain.averaging.robust import build_aggregator
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, groups_split,
@@ -360,8 +361,14 @@ class RoundAverager(abc.ABC):
     def load_checkpoint(self, ckpt: Checkpoint) -> None:
         self.set_state(ckpt.metadata, shared_tensors_of(ckpt, self.param_names))
 
-    def load_state_from_peers(self, timeout: float = 30.0, on_progress: Optional[Progress] = None) -> bool:
-        """Download the shared state from the peer with the most progress; False when no peer has any."""
+    def load_state_from_peers(self, timeout: float = 30.0, on_progress: Optional[Progress] = None,
+                              prefer: Sequence[str] = (), min_round: int = 0) -> bool:
+        """Download the shared state from the peer with the most progress; False when no peer has any.
+        ``prefer``: peers to take it from first, once they hold round ``min_round`` (the groupmates whose state is
+        the group's, after a round this peer's state differed in: they apply the round's average at their next
+        step, so their state is asked for again for up to ``matchmaking_time``); then as without."""
+        if prefer and self._load_from(prefer, min_round, timeout):
+            return True
         self._board_read.wait(timeout=min(timeout, 3 * self.cfg.progress_interval + 5.0))
         donors = pick_donors(time.time(), self.peer_id, self._peers, self.rules.stale_after)
         if not donors and self.sharded:  # nobody in our shard's key: look in every shard
@@ -375,6 +382,26 @@ class RoundAverager(abc.ABC):
             logger.warning("ignoring downloaded state: %s", e)
             return False
         return True
+
+    def _load_from(self, donors: Sequence[str], min_round: int, timeout: float) -> bool:
+        """The state of the first of ``donors`` that holds round ``min_round`` or later. They apply the round at
+        their next local step, so each try waits half a second first; four tries, a whole state each at most."""
+        for _ in range(4):
+            if self._stop.wait(0.5):
+                return False
+            result = download_state(self.exchange, donors, min(timeout, self.cfg.matchmaking_time),
+                                    run_id=self.run_id)
+            if result is None:
+                return False
+            try:
+                if int(result[0].metadata.get("round", -1)) < min_round:
+                    continue
+                self.load_checkpoint(result[0])
+                return True
+            except (ValueError, KeyError, TypeError) as e:
+                logger.warning("ignoring downloaded state: %s", e)
+                return False
+        return False
 
     # ---- rounds --------------------------------------------------------------------------------------------------
     def _start_round(self, mid_round: bool) -> None:
@@ -571,9 +598,9 @@ class RoundAverager(abc.ABC):
             return None
         return members, host
 
-    def _resync(self) -> None:
+    def _resync(self, prefer: Sequence[str] = (), min_round: int = 0) -> None:
         self.stats.resyncs += 1
-        if not self.load_state_from_peers():
+        if not self.load_state_from_peers(prefer=prefer, min_round=min_round):
             self.retry_at = time.time() + self.cfg.matchmaking_time
 
     def _average(self, early: bool = False, announce: bool = True) -> None:
@@ -651,7 +678,7 @@ class RoundAverager(abc.ABC):
             return
         if result.kind is Kind.RESYNC:
             logger.warning("round %d: %s", launch.round, result.reason)
-            self._resync()
+            self._resync(prefer=result.donors, min_round=launch.round + 1)
             return
         if overlapped:  # the round did not happen: the node takes back what it had set aside for it
             self.steps_in_round, self.samples_in_round, self.reached_h_at = launch.give_back(
@@ -792,9 +819,10 @@ class RoundAverager(abc.ABC):
         kind, partial, reason = round_outcome(self.peer_id, self._hash, info, complete, launch.seen)
         if state is not None and kind is Kind.RESYNC:  # the states were averaged: nothing to download
             kind, reason = Kind.APPLY, f"averaged with {len(group) - 1} peer(s), and our states"
+        donors = tuple(p for p in majority_holders(info) if p != self.peer_id) if kind is Kind.RESYNC else ()
         return RoundResult(kind, reason, average, len(group), partial, others_samples(self.peer_id, info),
                            members_of(group, self.peer_id), from_board, meet_s=met - started,
-                           allreduce_s=time.monotonic() - met, state=state)
+                           allreduce_s=time.monotonic() - met, state=state, donors=donors)
 
     def _average_states(self, tag: str, group, me, reducers: Sequence[bool]) -> list[torch.Tensor]:
         """averaging.state_averaging: the group's mean of its members' shared states, losslessly (each member

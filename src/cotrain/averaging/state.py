@@ -76,27 +76,29 @@ def pick_donors(now: float, me: str, peers: Sequence[PeerProgress], stale_after:
 
 def download_state(exchange: Exchange, donors: Sequence[PeerProgress], timeout: float,
                    on_progress: Optional[Progress] = None, run_id: Optional[str] = None) -> Optional[tuple[Checkpoint, str]]:
-    """The state of the first donor that sends a valid one, and who it was; None when none did."""
-    for donor in donors:
+    """The state of the first donor that sends a valid one, and who it was; None when none did. ``donors``: their
+    progress records, or their peer ids."""
+    for record in donors:
+        donor = record if isinstance(record, str) else record.peer_id
         started = time.monotonic()
         try:
-            peer = PeerID.from_base58(donor.peer_id)
+            peer = PeerID.from_base58(donor)
         except ValueError:  # records were checked when read; a malformed id here is a bug worth seeing
-            logger.warning("donor %r has no valid peer id; trying the next", donor.peer_id[:64])
+            logger.warning("donor %r has no valid peer id; trying the next", donor[:64])
             continue
         data = exchange.fetch(peer, STATE_KEY, wait_s=0.0, timeout=timeout, on_progress=on_progress, state=True)
         if not data:
-            logger.info("peer %s sent no state; trying the next", donor.peer_id[-8:])
+            logger.info("peer %s sent no state; trying the next", donor[-8:])
             continue
         try:
-            ckpt = decode_checkpoint(data, origin=f"state from peer {donor.peer_id[-8:]}")
+            ckpt = decode_checkpoint(data, origin=f"state from peer {donor[-8:]}")
         except CheckpointError as e:
             logger.warning("%s", e)
             continue
         if run_id is not None and ckpt.metadata.get("run_id") != run_id:
-            logger.warning("peer %s sent the state of another run; ignored", donor.peer_id[-8:])
+            logger.warning("peer %s sent the state of another run; ignored", donor[-8:])
             continue
         logger.info("downloaded %d bytes of state (round %s) from peer %s in %.1fs", len(data),
-                    ckpt.metadata.get("round"), donor.peer_id[-8:], time.monotonic() - started)
-        return ckpt, donor.peer_id
+                    ckpt.metadata.get("round"), donor[-8:], time.monotonic() - started)
+        return ckpt, donor
     return None

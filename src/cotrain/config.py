@@ -260,7 +260,8 @@ class AveragingConfig(_Section):
     #: keys the progress board is split into (cotrain.averaging.progress). 1: one key, every node reads every
     #: record every progress_interval (O(N) a read; fine to a dozen nodes). S > 1: a node reads and publishes only
     #: its shard of its round (about N/S records, whatever N), groups form within a shard, and the shards are dealt
-    #: afresh every round. Pick S near N / (2 x target_group_size); every node of a run must use the same S.
+    #: afresh every group_rounds rounds. Pick S near N / (2 x target_group_size); every node of a run must use the
+    #: same S (and group_rounds).
     board_shards: int = Field(1, ge=1, le=1024)
     #: rounds a group stays together when groups are smaller than the swarm (target_group_size, board_shards):
     #: the peers that averaged at round r meet again at r + 1 (their roster is the plan: no board read, no views to

@@ -353,8 +353,10 @@ def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[s
     received: dict[str, Optional[bytes]] = {}
     walked: dict[str, Optional[bytes]] = {}
     while True:
+        # each walk-in is asked once: it published its meeting before it asked for ours, so an answer that is not
+        # there at once (none, or withdrawn) is one that will not come in time
         came = {peer: address for peer, address in (walk_ins() if walk_ins else {}).items()
-                if peer != me and peer not in peers and not walked.get(peer)}
+                if peer != me and peer not in peers and peer not in walked}
         missing = [peer for peer in peers if not received.get(peer) and not gone(peer)]
         left = deadline - time.monotonic()
         if (not missing and not came) or left <= 0 or stop.is_set():

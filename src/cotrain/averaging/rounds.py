@@ -734,13 +734,13 @@ class RoundAverager(abc.ABC):
         def gone(peer: str) -> bool:  # it said on the board that it left (a node stopping after its last round)
             return any(p.peer_id == peer and p.phase == "left" for p in self._peers)
 
-        # the early meeting (this peer just took its H steps) waits for all its planned groupmates, or trains on
-        # while round_decision waits for the slower ones; a later one (the round's wait is over, or a groupmate
-        # already averages) goes with the planned peers that came and agree, two at least
         def follow(group: str) -> Optional[tuple[str, PeerID]]:  # the host a meeting names, if our view knows it
             there = next((p for p in self._peers if p.reducer and host_key(launch.round, p.peer_id) == group), None)
             return None if there is None else (there.peer_id, PeerID.from_base58(there.peer_id))
 
+        # the early meeting (this peer just took its H steps) waits for all its planned groupmates, or trains on
+        # while round_decision waits for the slower ones; a later one (the round's wait is over, or a groupmate
+        # already averages) goes with the planned peers that came and agree, two at least
         outcome = hold_meeting(self.exchange, self.peer_id, mine, host, peers, self.cfg.matchmaking_time,
                                self.cfg.request_timeout, admitted, self._stop, subset=not launch.early, gone=gone,
                                walk_ins=lambda: self._walk_ins(launch.round), target=self.cfg.target_group_size,

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from cotrain.averaging.groups import (MAX_MEETING_BYTES, MAX_ROSTER_BYTES, WITHDRAWN, Meeting, Roster, group_of,
-                                      hold_meeting, host_key, host_of, max_group_size, meeting_outcome,
+                                      hold_meeting, host_key, host_of, kept_group, max_group_size, meeting_outcome,
                                       plan_arrival_groups, plan_groups)
 
 PEERS = [f"Qm{i:02d}" for i in range(10)]
@@ -58,6 +58,15 @@ def test_a_newcomer_changes_no_arrival_group_but_the_last():
         assert more[:len(full)] == full, (seen, fewer, more)
     shuffled = [plan_groups(1, [p for _, p in order[:seen]], 3, "run") for seen in (6, 7)]
     assert shuffled[0][0] not in shuffled[1]  # what the arrival order is for: one newcomer reshuffles the plan
+
+
+def test_a_group_is_kept_until_a_round_that_is_a_multiple_of_group_rounds():
+    kept = (4, ("b", "a"))  # met at round 4
+    assert kept_group(kept, 5, 4) == ["b", "a"] and kept_group(kept, 5, 8) == ["b", "a"]
+    assert kept_group(kept, 5, 1) is None  # planned afresh every round
+    assert kept_group(kept, 6, 4) is None  # it did not meet at round 5: this peer moved on without it
+    assert kept_group((7, ("a", "b")), 8, 4) is None  # round 8 deals anew
+    assert kept_group(None, 5, 4) is None
 
 
 def test_host_key_names_the_round_and_the_host():

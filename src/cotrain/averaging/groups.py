@@ -73,6 +73,17 @@ def plan_arrival_groups(arrivals: Sequence[tuple[float, str]], target_group_size
     return [members[i:i + size] for i in range(0, len(members), size)]
 
 
+def kept_group(kept: Optional[tuple[int, Sequence[str]]], round_number: int,
+               group_rounds: int) -> Optional[list[str]]:
+    """The group that averaged at the round before, when it stays together for ``round_number``
+    (averaging.group_rounds > 1, and ``round_number`` is no multiple of it): its members, as the host's roster listed
+    them, so that all of them plan the same group without reading the board. ``kept``: (the round it met at, its
+    members), or None. None: plan this round's groups from the board."""
+    if group_rounds <= 1 or kept is None or kept[0] != round_number - 1 or round_number % group_rounds == 0:
+        return None
+    return list(kept[1])
+
+
 def group_of(me: str, groups: Sequence[Sequence[str]]) -> list[str]:
     return next((list(g) for g in groups if me in g), [me])
 

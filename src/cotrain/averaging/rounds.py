@@ -37,7 +37,7 @@ from cotrain.averaging.attacks import make_attack
 from cotrain.averaging.allgather import sparse_allgather
 from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag, weighted_mean
 from cotrain.averaging.exchange import Exchange, UploadLimiter
-from cotrain.averaging.groups import (Meeting, group_of, hold_meeting, host_key, host_of, meeting_key,
+from cotrain.averaging.groups import (Meeting, group_of, hold_meeting, host_key, host_of, kept_group, meeting_key,
                                      plan_arrival_groups, plan_groups)
 from cotrain.averaging.outcome import (Kind, RoundResult, majority_holders, members_of, others_samples,
                                        round_outcome)
@@ -534,10 +534,7 @@ class RoundAverager(abc.ABC):
         (averaging.group_rounds > 1, and this round is no multiple of it): every member, this one included, as the
         host's roster listed them, so that all of them plan the same group without reading the board. None when
         groups are planned from the board this round."""
-        k = self.cfg.group_rounds
-        if k <= 1 or self._kept is None or self._kept[0] != self.round - 1 or self.round % k == 0:
-            return None
-        return self._kept[1]
+        return kept_group(self._kept, self.round, self.cfg.group_rounds)
 
     def _fresh_view_due(self) -> bool:
         """On a sharded board the early meeting waits for a read of the shard begun once this peer took its H steps
@@ -657,9 +654,7 @@ class RoundAverager(abc.ABC):
         self.stats.allreduce_s += result.allreduce_s
         if result.kind in (Kind.APPLY, Kind.RESYNC):
             self.samples_total += result.others_samples
-            k = self.cfg.group_rounds
-            if (result.from_board and k > 1 and launch.round % k != 0 and self._kept is not None
-                    and self._kept[0] == launch.round - 1):
+            if result.from_board and kept_group(self._kept, launch.round, self.cfg.group_rounds) is not None:
                 self.stats.groups_kept += 1
             # a member that downloads the group's new state after the round is as much of the group as the others
             self._kept = (launch.round, sorted({self.peer_id, *result.group})) if result.from_board else None

@@ -27,7 +27,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
-from cotrain.averaging.groups import group_of, host_of, max_group_size, plan_arrival_groups, plan_groups
+from cotrain.averaging.groups import (group_of, host_of, kept_group, max_group_size, plan_arrival_groups,
+                                     plan_groups)
 from cotrain.averaging.progress import (Action, PeerProgress, RoundRules, groups_split, live_peers, round_decision,
                                         round_peers, shard_of)
 
@@ -186,10 +187,7 @@ class BoardSim:
         self.resyncs += 1
 
     def _kept_group(self, p: Peer) -> Optional[list]:
-        k = self.cfg.group_rounds
-        if k <= 1 or p.kept is None or p.kept[0] != p.round - 1 or p.round % k == 0:
-            return None
-        return list(p.kept[1])
+        return kept_group(p.kept, p.round, self.cfg.group_rounds)
 
     def _go_to_meeting(self, p: Peer, now: float) -> None:
         kept = self._kept_group(p)

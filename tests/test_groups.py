@@ -262,6 +262,16 @@ def test_a_walk_in_whose_meeting_is_withdrawn_is_not_waited_for():
     assert [peer for peer, key in board.asked].count("x") == 1, board.asked
 
 
+def test_a_host_does_not_flood_a_planned_peer_whose_meeting_is_withdrawn():
+    # b withdrew its meeting (it went back to training): it answers at once with nothing. The host, looking for
+    # walk-ins, asks it again a tenth of a second apart, not as fast as the answers come
+    board = Board()
+    board.transport("b").publish("meet-r4", "meet-r4/meeting", WITHDRAWN)
+    outcomes = meet_all({"a": ["a", "b"]}, walk_ins=True, target=4, wait_s=1.0, board=board)
+    assert not outcomes["a"].ok
+    assert [peer for peer, key in board.asked].count("b") <= 15, len(board.asked)
+
+
 def test_a_member_follows_its_host_to_the_host_that_one_names():
     # c saw b come first and planned {b, c}; b had seen a before it and planned {a, b} (a hosts). b's meeting names a:
     # c follows it there, and a takes c in

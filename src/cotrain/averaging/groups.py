@@ -381,7 +381,7 @@ def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[s
                                    wait_s=min(left, WALK_IN_POLL_S) if walk_ins else left)
         received.update(zip(missing, got))
         walked.update(zip(came, got[len(missing):]))
-        if not all(got[:len(missing)]) and walk_ins is None:
+        if not all(got[:len(missing)]):  # a withdrawn meeting answers at once: not again at once
             stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
     outcome = meeting_outcome(me, mine, [me, *peers], received, admitted, subset=subset, walk_ins=walked,
                               target=target)

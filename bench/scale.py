@@ -24,6 +24,8 @@ runs compares the same amount of training. Columns:
   its groupmates, reading the board), median over the nodes: what the swarm's size costs a round;
 - ``partial``: rounds some node ended with a contribution left out or fewer groupmates than it saw (those that
   ended in a resync included), over the rounds the nodes averaged and applied;
+- ``board reads/skipped``: reads of the progress board the nodes made, and those they left out while their group
+  was kept (``--group-rounds``: its members meet from its roster), summed over the nodes for the whole run;
 - ``PSS MB`` and ``RSS MB``: what one node costs, all its processes (the node, hivemind's DHT and averager
   processes, the libp2p daemon; the zygote's pages it shares count their share): proportional set size (shared
   pages split between the processes sharing them: summed over the machine it is the memory in use) and the sum
@@ -199,12 +201,15 @@ def one_run(args, nodes: int) -> dict:
         lasts = [load_checkpoint(tmp / name / "last.safetensors").metadata for name in names]
         resyncs = sum(int(m.get("resyncs", 0)) for m in lasts)
         states_averaged = sum(int(m.get("states_averaged", 0)) for m in lasts)
+        board_reads = sum(int(m.get("board_reads", 0)) for m in lasts)
+        board_reads_skipped = sum(int(m.get("board_reads_skipped", 0)) for m in lasts)
     round_s = statistics.median(per_round) if per_round else float("nan")
     return dict(nodes=nodes, group=args.group, model=args.model, zygote=args.zygote, formation=args.formation,
                 cpu_per_node=args.cpu_per_node, group_rounds=args.group_rounds,
                 board_shards=cfg.averaging.board_shards, progress_interval=cfg.averaging.progress_interval,
                 unit_bytes=cfg.coordinator.unit_bytes,
                 state_averaging=args.state_averaging, resyncs=resyncs, states_averaged=states_averaged,
+                board_reads=board_reads, board_reads_skipped=board_reads_skipped,
                 round_s=round_s, round_overhead_s=statistics.median(overhead) if overhead else float("nan"),
                 rounds_per_min=60.0 / round_s if per_round else 0.0, step_s=per_step, partial_rounds=partial,
                 rounds_completed=completed,
@@ -313,13 +318,14 @@ def main() -> None:
                 f"{'forked from one zygote' if args.zygote == 'on' else 'one Python each'}, "
                 + (f"{args.cpu_per_node:g} CPUs a node" if args.cpu_per_node else "no CPU limit"),
                 ["nodes", "shards", "round s", "of which not stepping", "rounds/min", "step s", "partial", "resyncs",
-                 "states averaged",
+                 "states averaged", "board reads/skipped",
                  "PSS MB", "RSS MB", "processes", "coord CPU", "heartbeat p99 ms", "val loss"],
                 [[r["nodes"], r["board_shards"], r["round_s"], r["round_overhead_s"], r["rounds_per_min"], r["step_s"],
                   f"{r['partial_rounds']}/{r['rounds_completed']}", r["resyncs"], r["states_averaged"],
+                  f"{r['board_reads']}/{r['board_reads_skipped']}",
                   r["pss_mb_per_node"], r["rss_mb_per_node"],
                   r["processes_per_node"], r["coordinator_cpu"], r["heartbeat_p99_ms"], r["val_loss"]]
-                 if "error" not in r else [r["nodes"], "", "did not run: " + r["error"][:60]] + [""] * 12
+                 if "error" not in r else [r["nodes"], "", "did not run: " + r["error"][:60]] + [""] * 13
                  for r in runs])
     write_json(args.json, {"runs": runs, "group": args.group, "formation": args.formation, "shards": args.shards,
                            "samples": args.samples, "rounds": args.rounds, "hidden": args.hidden,

@@ -461,7 +461,8 @@ class Node:
         save_checkpoint(self.options.state_dir / "last.safetensors", named_state(names, tensors),
                         dict(metadata, config_toml=cfg.to_toml(), rounds=a.stats.history, time=time.time(),
                                        states_averaged=a.stats.states_averaged, resyncs=a.stats.resyncs,
-                                       groups_kept=a.stats.groups_kept))
+                                       groups_kept=a.stats.groups_kept, board_reads=a.stats.board_reads,
+                                       board_reads_skipped=a.stats.board_reads_skipped))
 
     def _status(self) -> dict:
         """What ``STATE_DIR/status.json`` holds (:class:`StatusFile`, due at every new round and every

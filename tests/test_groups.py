@@ -69,6 +69,24 @@ def test_a_group_is_kept_until_a_round_that_is_a_multiple_of_group_rounds():
     assert kept_group(None, 5, 4) is None
 
 
+def test_a_kept_groups_member_reads_no_board_until_its_meeting_failed():
+    from types import SimpleNamespace
+
+    from cotrain.averaging.rounds import RoundAverager
+
+    def paused(kept, round_number, met_round, group_rounds=4):
+        peer = SimpleNamespace(_kept=kept, round=round_number, _met_round=met_round,
+                               cfg=SimpleNamespace(group_rounds=group_rounds))
+        peer._kept_group = lambda: RoundAverager._kept_group(peer)
+        return RoundAverager._reads_paused(peer)
+
+    assert paused((4, ("a", "b")), 5, met_round=4)  # round 5 meets round 4's group from its roster
+    assert not paused((4, ("a", "b")), 5, met_round=5)  # its meeting of round 5 failed (or runs): read again
+    assert not paused((7, ("a", "b")), 8, met_round=7)  # a deal's first round plans from its new shard
+    assert not paused((4, ("a", "b")), 5, met_round=4, group_rounds=1)  # groups planned every round
+    assert not paused(None, 5, met_round=4)  # no group of the round before
+
+
 def test_host_key_names_the_round_and_the_host():
     assert host_key(1, "a") == host_key(1, "a")
     assert len({host_key(1, "a"), host_key(2, "a"), host_key(1, "b")}) == 3

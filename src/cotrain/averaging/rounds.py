@@ -98,6 +98,10 @@ class RoundStats:
     groups_matchmade: int = 0
     #: rounds whose group was planned as the group of the round before (averaging.group_rounds)
     groups_kept: int = 0
+    #: reads of the progress board this peer made, and those it left out while its group was kept (see
+    #: RoundAverager._reads_paused)
+    board_reads: int = 0
+    board_reads_skipped: int = 0
     #: seconds, in total, the rounds spent forming groups and in the all-reduce (failed rounds included)
     meet_s: float = 0.0
     allreduce_s: float = 0.0
@@ -259,16 +263,22 @@ class RoundAverager(abc.ABC):
                 if not self._stop.is_set():
                     storing.failed(e, expected=False, action=action)
             try:
-                read_at, view_round = time.time(), self.round
-                peers = self.board.read(shard=self.board.shard(view_round, self.peer_id))
-                if peers is None:  # a DHT that did not answer in time leaves what we knew (it goes stale)
-                    raise TimeoutError("the DHT did not answer a read of the progress board in time")
-                self._peers, self._peers_read_at, self._view_round = peers, read_at, view_round
-                self._board_read.set()
+                paused = self._reads_paused()
+                if paused:
+                    self.stats.board_reads_skipped += 1
+                else:
+                    read_at, view_round = time.time(), self.round
+                    self.stats.board_reads += 1
+                    peers = self.board.read(shard=self.board.shard(view_round, self.peer_id))
+                    if peers is None:  # a DHT that did not answer in time leaves what we knew (it goes stale)
+                        raise TimeoutError("the DHT did not answer a read of the progress board in time")
+                    self._peers, self._peers_read_at, self._view_round = peers, read_at, view_round
+                    self._board_read.set()
                 if self.admission.enabled and time.monotonic() - revocations_read >= REVOCATIONS_READ_S:
                     revocations_read = time.monotonic()
                     self.board.read_revocations()
-                reading.succeeded()
+                if not paused:
+                    reading.succeeded()
             except (TimeoutError, OSError, EOFError) as e:
                 if not self._stop.is_set():
                     reading.failed(e, action=action)
@@ -277,6 +287,15 @@ class RoundAverager(abc.ABC):
                     reading.failed(e, expected=False, action=action)
             self._wake.wait(self.cfg.progress_interval)
             self._wake.clear()
+
+    def _reads_paused(self) -> bool:
+        """A kept group's member reads no board until its group's meeting of this round failed: the group meets from
+        its roster (see :meth:`_kept_group`), and the view would go unused (a peer ahead is not followed while the
+        group holds, and a deal's first round reads its new shard afresh anyway, see :meth:`_view_stale`). It goes
+        on publishing its record. Every read is a DHT traversal that the replicas it visits answer, and at 32 nodes
+        on a sixteenth of a core each the DHT process and libp2p daemon took 0.031 CPUs of a node's 0.056, its
+        training 0.024 (bench/scale.py, /proc over 40 s); at 4 nodes 0.014 and 0.037."""
+        return self._kept_group() is not None and self._met_round != self.round
 
     def progress(self, phase: str = "train") -> PeerProgress:
         return PeerProgress(self.peer_id, self.round, self.steps_in_round, self.samples_in_round, phase,
@@ -679,6 +698,8 @@ class RoundAverager(abc.ABC):
             self.steps_in_round, self.samples_in_round, self.reached_h_at = launch.give_back(
                 self.steps_in_round, self.samples_in_round, self.reached_h_at)
             self.give_back_round(launch)
+        if kept_group(self._kept, launch.round, self.cfg.group_rounds) is not None:
+            self._wake.set()  # a kept group's meeting failed: its members read the board again, at once
         if result.kind is Kind.UNFILLED:  # _meet said why; train on, round_decision says when to try again
             return
         self.stats.last_reason = f"round {launch.round}: {result.reason}; training on and retrying"

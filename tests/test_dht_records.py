@@ -135,6 +135,33 @@ def test_a_sharded_board_keeps_each_record_in_its_rounds_shard(members):
     assert b.store(key, subkey=board_b.subkey(bob), value=forged, expiration_time=expires)
 
 
+@pytest.mark.swarm  # a dozen DHT processes: out of make test-fast
+def test_every_record_is_read_back_from_a_dht_larger_than_the_search_beam(tmp_path):
+    """Board reads and stores search only SEARCH_BEAM of a key's nearest peers (hivemind's default, 20, made every
+    read visit most of a 32-node swarm): with more DHT peers than that, each peer's read still finds every record,
+    stored from every peer, because reads and stores search the same nearest peers."""
+    from cotrain.averaging.progress import SEARCH_BEAM
+
+    count = SEARCH_BEAM + 4
+    dhts = []
+    try:
+        dhts.append(start_dht(identity_path=str(tmp_path / "0.key")))
+        first = [str(m) for m in dhts[0].get_visible_maddrs()]
+        for i in range(1, count):
+            dhts.append(start_dht(first, identity_path=str(tmp_path / f"{i}.key")))
+        coordinator_key = new_private_key()
+        boards = [member_board(d, tmp_path / f"{i}.rsa", coordinator_key) for i, d in enumerate(dhts)]
+        ids = {str(d.peer_id) for d in dhts}
+        for board, d in zip(boards, dhts):
+            _stored(board, PeerProgress(str(d.peer_id), round=2, steps=1, samples=8))
+        for board in boards:
+            seen = _read_until(board, lambda ps: {p.peer_id for p in ps} == ids)
+            assert {p.peer_id for p in seen} == ids, (len(seen), count)
+    finally:
+        for d in reversed(dhts):
+            d.shutdown()
+
+
 # ---- the DHT process's remembered verdicts (pure logic: validators counted, no DHT) ------------------------------
 class CountingValidator:
     """A validator whose verdict is set by the test and whose calls are counted."""

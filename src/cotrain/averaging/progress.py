@@ -37,6 +37,15 @@ from hivemind.utils.crypto import RSAPrivateKey
 from cotrain.averaging.admission import (MAX_CREDENTIAL_BYTES, Admission, MembershipValidator, public_key_bytes,
                                          split_owner_subkey)
 
+#: How many of a key's nearest DHT peers a board read or store keeps in its search (hivemind's ``beam_size``). Its
+#: default is the bucket size, 20: a read of the latest value visits the 20 peers nearest the key, and a store's
+#: search as many, before it stores to the nearest 5 (``num_replicas``). With a few peers that is all of them; at 32
+#: nodes it was most of the swarm for every read and every store, and a node's DHT process and libp2p daemon took
+#: more CPU than its training (bench/scale.py). Kept above ``num_replicas`` so that a read still reaches every
+#: replica a store chose when the two searches' routing tables differ a little; raise it towards 20 if reads come
+#: back missing records that were stored (churn, NAT: peers whose routing tables lag).
+SEARCH_BEAM = 8
+
 
 class Action(enum.Enum):
     TRAIN = "train"  # keep taking local steps
@@ -275,19 +284,19 @@ class ProgressBoard:
         if shard is None:
             shard = self.shard(progress.round, progress.peer_id)
         return self.dht.store(self.keys[shard], subkey=self.subkey(progress.peer_id), value=record,
-                              expiration_time=get_dht_time() + self.ttl, return_future=True)
+                              expiration_time=get_dht_time() + self.ttl, return_future=True, beam_size=SEARCH_BEAM)
 
     # ---- revocations ---------------------------------------------------------------------------------------------
     def publish_revocations(self, signed: bytes, ttl: float) -> None:
         """The coordinator's signed revocation list, under its own (RSA-protected) subkey."""
         self.dht.store(self.revocations_key, subkey=self.signer.local_public_key, value=signed,
-                       expiration_time=get_dht_time() + ttl, return_future=True)
+                       expiration_time=get_dht_time() + ttl, return_future=True, beam_size=SEARCH_BEAM)
 
     def read_revocations(self, timeout: float = 5.0) -> bool:
         """Apply the newest valid revocation list on the DHT (every subkey is tried: anyone may write one, only the
         coordinator's signature counts); True when it changed this peer's view."""
         try:
-            found = self.dht.get(self.revocations_key, latest=True, return_future=True).result(timeout=timeout)
+            found = self.dht.get(self.revocations_key, latest=True, return_future=True, beam_size=SEARCH_BEAM).result(timeout=timeout)
         except TimeoutError:
             return False
         changed = False
@@ -307,7 +316,7 @@ class ProgressBoard:
     def read_all(self, timeout: float = 5.0) -> Optional[list[PeerProgress]]:
         """Every shard's records (a peer's newest where it is in two: it moved on a round between two reads); None
         when no shard could be read in time. O(N): for the coordinator, and for counting the swarm at a start."""
-        futures = [self.dht.get(key, latest=True, return_future=True) for key in self.keys]
+        futures = [self.dht.get(key, latest=True, return_future=True, beam_size=SEARCH_BEAM) for key in self.keys]
         newest: dict[str, PeerProgress] = {}
         answered = False
         for shard, future in enumerate(futures):
@@ -326,7 +335,7 @@ class ProgressBoard:
         time (not the same as nobody there: a caller should keep what it knew, records carry their own time and go
         stale by themselves)."""
         try:
-            found = self.dht.get(self.keys[shard], latest=True, return_future=True).result(timeout=timeout)
+            found = self.dht.get(self.keys[shard], latest=True, return_future=True, beam_size=SEARCH_BEAM).result(timeout=timeout)
         except TimeoutError:
             return None
         return self._records(found)

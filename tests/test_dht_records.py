@@ -140,7 +140,7 @@ def test_every_record_is_read_back_from_a_dht_larger_than_the_search_beam(tmp_pa
     """Board reads and stores search only SEARCH_BEAM of a key's nearest peers (hivemind's default, 20, made every
     read visit most of a 32-node swarm): with more DHT peers than that, each peer's read still finds every record,
     stored from every peer, because reads and stores search the same nearest peers."""
-    from cotrain.averaging.progress import SEARCH_BEAM
+    from cotrain.averaging.dht import SEARCH_BEAM
 
     count = SEARCH_BEAM + 4
     dhts = []

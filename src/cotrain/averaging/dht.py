@@ -24,6 +24,23 @@ from hivemind.utils.crypto import RSAPrivateKey
 #: 32 nodes on one machine spent 0.6-0.75 of its 2 cores in their DHT processes (bench/scale.py)
 NO_CACHE = dict(cache_locally=False, cache_nearest=0, cache_refresh_before_expiry=0, cache_on_store=False)
 
+#: How many DHT peers keep each stored value (hivemind's ``num_replicas``, 5 by default). Everything cotrain stores
+#: is soft state that its owner stores again within seconds (a progress record every ``progress_interval``, the
+#: revocation list, matchmaking's declarations), so a replica lost to churn costs at most one interval; each replica
+#: checks every record it is sent (signature, schema, credential), and at 32 nodes on a sixteenth of a core each the
+#: DHT processes and libp2p daemons took more CPU than the training (bench/scale.py). Raise it for swarms with heavy
+#: churn, where all of a key's replicas may go within one interval.
+REPLICAS = 3
+
+#: How many of a key's nearest DHT peers a read or a store keeps in its search (hivemind's ``beam_size``; pass it to
+#: ``DHT.get`` and ``DHT.store``). hivemind's default is the bucket size, 20: a read of the latest value visits the 20
+#: peers nearest the key, and a store searches as many before it stores to the nearest ``REPLICAS``. With a few peers
+#: that is all of them; at 32 nodes it was most of the swarm for every read and every store. Kept at twice
+#: ``REPLICAS`` so that a read still reaches every replica a store chose when the two searches' routing tables differ
+#: a little; raise it towards 20 if reads come back missing records that were stored (churn, peers whose routing
+#: tables lag).
+SEARCH_BEAM = 2 * REPLICAS
+
 
 def start_dht(initial_peers: Sequence[str] = (), host: str = "127.0.0.1", port: int = 0,
               client_mode: bool = False, identity_path: str | None = None, announce: Sequence[str] = ()) -> DHT:
@@ -48,6 +65,7 @@ def start_dht(initial_peers: Sequence[str] = (), host: str = "127.0.0.1", port: 
         host_maddrs=[f"/ip4/{host}/tcp/{port}"],
         client_mode=client_mode,
         start=True,
+        num_replicas=REPLICAS,
         **NO_CACHE,
         **kwargs,
     )

@@ -36,15 +36,8 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from cotrain.averaging.admission import (MAX_CREDENTIAL_BYTES, Admission, MembershipValidator, public_key_bytes,
                                          split_owner_subkey)
+from cotrain.averaging.dht import SEARCH_BEAM
 
-#: How many of a key's nearest DHT peers a board read or store keeps in its search (hivemind's ``beam_size``). Its
-#: default is the bucket size, 20: a read of the latest value visits the 20 peers nearest the key, and a store's
-#: search as many, before it stores to the nearest 5 (``num_replicas``). With a few peers that is all of them; at 32
-#: nodes it was most of the swarm for every read and every store, and a node's DHT process and libp2p daemon took
-#: more CPU than its training (bench/scale.py). Kept above ``num_replicas`` so that a read still reaches every
-#: replica a store chose when the two searches' routing tables differ a little; raise it towards 20 if reads come
-#: back missing records that were stored (churn, NAT: peers whose routing tables lag).
-SEARCH_BEAM = 8
 
 
 class Action(enum.Enum):

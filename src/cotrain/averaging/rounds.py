@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import math
 import multiprocessing as mp
 import signal
 import threading
@@ -246,6 +247,7 @@ class RoundAverager(abc.ABC):
         storing = Outage("publishing this peer's progress", logger)
         action = f"retrying every {self.cfg.progress_interval:g}s"
         published = None  # the last publication's future, checked one interval later (never waited on)
+        last = (-1, "", -math.inf)  # the round and phase of the last record published, and when
         while not self._stop.is_set():
             # what we publish and what we read fail apart: a record no DHT node stored must not keep this peer from
             # reading the others' (nor the revocation list)
@@ -255,7 +257,12 @@ class RoundAverager(abc.ABC):
                         storing.succeeded()
                     else:
                         storing.failed(PublishRefused("no DHT node stored this peer's progress record"), action=action)
-                published = self.board.publish(self.progress(self.phase))
+                # a kept group's member (nobody plans with its record) publishes every other interval while its round
+                # and phase stay as they were: still well within the record's life of three intervals
+                if (not self._reads_paused() or last[:2] != (self.round, self.phase)
+                        or time.monotonic() - last[2] >= 1.5 * self.cfg.progress_interval):
+                    last = (self.round, self.phase, time.monotonic())
+                    published = self.board.publish(self.progress(self.phase))
             except (OSError, EOFError) as e:
                 if not self._stop.is_set():  # shutting down, or the DHT briefly unreachable
                     storing.failed(e, action=action)

@@ -30,6 +30,8 @@ runs compares the same amount of training. Columns:
   processes, the libp2p daemon; the zygote's pages it shares count their share): proportional set size (shared
   pages split between the processes sharing them: summed over the machine it is the memory in use) and the sum
   of resident sets (shared pages counted in each);
+- ``CPU node/DHT+daemon``: CPU a node used over the timed rounds (cores), in its own process (training, the board,
+  the exchange) and in the processes it started (hivemind's DHT process, the libp2p daemon), mean over the nodes;
 - ``coord CPU``: the coordinator's CPU over the run (cores: 1.0 is one core busy);
 - ``heartbeat p99 ms``: the nodes' heartbeat round trips, 99th percentile of every one sampled;
 - ``val loss``: the shared model's validation loss (nats per byte) after the budget.
@@ -141,6 +143,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+def cpu_split(procs) -> tuple[float, float]:
+    """CPU seconds so far of the nodes' own processes (training, board, exchange) and of what they started (hivemind's
+    DHT process, the libp2p daemon), summed over the nodes."""
+    trees = sum(footprint(p.pid).cpu_s for p in procs)
+    own = sum(footprint(p.pid, descendants=False).cpu_s for p in procs)
+    return own, trees - own
+
+
 def one_run(args, nodes: int) -> dict:
     cfg = make_config(args, nodes)
     names = [f"node-{i}" for i in range(nodes)]
@@ -170,6 +180,7 @@ def one_run(args, nodes: int) -> dict:
             if warm_at is None and len(rows) == nodes and all(m.round >= 1 for m in rows.values()):
                 warm_at = time.monotonic()
                 coordinator_cpu0 = footprint(swarm.coordinator.pid).cpu_s
+                node_cpu0 = cpu_split(procs)
                 first = {name: (m.round, m.wall_s, m.compute_s) for name, m in rows.items()}
                 print(f"  {nodes} nodes past their first round after {warm_at - started:.0f}s", flush=True)
             if warm_at is not None:
@@ -183,6 +194,7 @@ def one_run(args, nodes: int) -> dict:
             time.sleep(2.0)
         window = time.monotonic() - warm_at
         coordinator_cpu = (footprint(swarm.coordinator.pid).cpu_s - coordinator_cpu0) / window
+        own_cpu, helpers_cpu = (round((b - a) / window / nodes, 4) for a, b in zip(node_cpu0, cpu_split(procs)))
         per_round = [(m.wall_s - first[name][1]) / (m.round - first[name][0]) for name, m in rows.items()
                      if m.round > first[name][0]]
         # what a round took beyond the node's own steps (meeting, all-reduce, waiting for groupmates): the part of a
@@ -217,7 +229,8 @@ def one_run(args, nodes: int) -> dict:
                 rss_mb_per_node=statistics.mean(c.rss_bytes for c in costs) / 2**20 if costs else float("nan"),
                 pss_mb_per_node=pss,
                 processes_per_node=statistics.mean(c.processes for c in costs) if costs else 0,
-                coordinator_cpu=coordinator_cpu, heartbeat_p99_ms=percentile(rtts, 0.99),
+                coordinator_cpu=coordinator_cpu, node_cpu=own_cpu, dht_daemon_cpu=helpers_cpu,
+                heartbeat_p99_ms=percentile(rtts, 0.99),
                 val_loss=metrics["val_loss"], val_bpc=metrics.get("val_bpc"), samples=samples,
                 window_s=window, final_round=final.round)
 
@@ -319,13 +332,14 @@ def main() -> None:
                 + (f"{args.cpu_per_node:g} CPUs a node" if args.cpu_per_node else "no CPU limit"),
                 ["nodes", "shards", "round s", "of which not stepping", "rounds/min", "step s", "partial", "resyncs",
                  "states averaged", "board reads/skipped",
-                 "PSS MB", "RSS MB", "processes", "coord CPU", "heartbeat p99 ms", "val loss"],
+                 "PSS MB", "RSS MB", "processes", "CPU node/DHT+daemon", "coord CPU", "heartbeat p99 ms", "val loss"],
                 [[r["nodes"], r["board_shards"], r["round_s"], r["round_overhead_s"], r["rounds_per_min"], r["step_s"],
                   f"{r['partial_rounds']}/{r['rounds_completed']}", r["resyncs"], r["states_averaged"],
                   f"{r['board_reads']}/{r['board_reads_skipped']}",
                   r["pss_mb_per_node"], r["rss_mb_per_node"],
-                  r["processes_per_node"], r["coordinator_cpu"], r["heartbeat_p99_ms"], r["val_loss"]]
-                 if "error" not in r else [r["nodes"], "", "did not run: " + r["error"][:60]] + [""] * 13
+                  r["processes_per_node"], f"{r['node_cpu']:.4f}/{r['dht_daemon_cpu']:.4f}", r["coordinator_cpu"],
+                  r["heartbeat_p99_ms"], r["val_loss"]]
+                 if "error" not in r else [r["nodes"], "", "did not run: " + r["error"][:60]] + [""] * 14
                  for r in runs])
     write_json(args.json, {"runs": runs, "group": args.group, "formation": args.formation, "shards": args.shards,
                            "samples": args.samples, "rounds": args.rounds, "hidden": args.hidden,

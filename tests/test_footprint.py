@@ -26,6 +26,8 @@ def test_a_tree_counts_its_children_and_forgets_them_once_gone():
         assert child.pid in process_tree(os.getpid())
         assert with_child.processes == alone.processes + 1
         assert with_child.pss_bytes - alone.pss_bytes > 60 << 20
+        own = footprint(descendants=False)  # this process alone: without the child
+        assert own.processes == 1 and with_child.pss_bytes - own.pss_bytes > 60 << 20
     finally:
         child.stdin.close()
         child.wait(30)

@@ -86,11 +86,13 @@ def _one(pid: int) -> Optional[Footprint]:
     return Footprint(1, rss, pss, cpu_s, threads, files, sockets)
 
 
-def footprint(root: Optional[int] = None) -> Footprint:
-    """What ``root`` (default: this process) and all its descendants cost now."""
+def footprint(root: Optional[int] = None, descendants: bool = True) -> Footprint:
+    """What ``root`` (default: this process) and all its descendants cost now; ``descendants=False``: ``root``
+    alone (a node's own process, without its DHT process and libp2p daemon)."""
     if not PROC.is_dir():
         return Footprint()
-    parts = [f for f in (_one(pid) for pid in process_tree(root if root is not None else os.getpid())) if f]
+    pid = root if root is not None else os.getpid()
+    parts = [f for f in (_one(p) for p in (process_tree(pid) if descendants else [pid])) if f]
     return Footprint(processes=len(parts), rss_bytes=sum(f.rss_bytes for f in parts),
                      pss_bytes=sum(f.pss_bytes for f in parts), cpu_s=sum(f.cpu_s for f in parts),
                      threads=sum(f.threads for f in parts), open_files=sum(f.open_files for f in parts),

@@ -61,6 +61,16 @@ def test_round_decision_with_several_groups_a_round(why, me, peers, reached, exp
     assert decision.action is expected, decision.reason
 
 
+def test_with_several_groups_a_round_only_the_planned_group_is_waited_for():
+    me, shard = peer("me", 3, 10), [peer("a", 3, 4), peer("b", 3, 10)]
+    ours = round_decision(NOW, me, shard, RULES, NOW, split=True, group=["me", "b"])
+    assert ours.action is Action.AVERAGE, ours.reason  # a is of the shard's other group
+    assert round_decision(NOW, me, shard, RULES, NOW, split=True, group=["me", "a"]).action is Action.TRAIN
+    assert round_decision(NOW, me, shard, RULES, NOW, split=True).action is Action.TRAIN  # no plan: everyone
+    # one group a round: the group is everyone on the board, and a slower peer is waited for whatever the plan
+    assert round_decision(NOW, me, shard, RULES, NOW, group=["me", "b"]).action is Action.TRAIN
+
+
 def test_malformed_records_are_ignored():
     assert PeerProgress.from_record("x", {"round": "not a number"}) is None
     assert PeerProgress.from_record("x", {"steps": 1}) is None

@@ -29,4 +29,7 @@ def test_virtual_peers_form_groups_and_move_on_together():
 
 def test_a_simulation_is_repeatable_and_lookups_grow_with_log_n():
     assert run(30, 3, seed=5) == run(30, 3, seed=5)
-    assert lookup_bytes(1024) == 2 * lookup_bytes(32)  # log2: 10 hops against 5
+    visit = lookup_bytes(3) // 2  # a swarm of 3: the 2 others are all a lookup visits
+    assert lookup_bytes(3) == 2 * visit and lookup_bytes(4) == 3 * visit
+    # past the search's beam, a lookup grows by one visit every time the swarm doubles: 5 more from 32 to 1024
+    assert lookup_bytes(1024) - lookup_bytes(32) == 5 * visit

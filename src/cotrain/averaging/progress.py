@@ -127,7 +127,7 @@ def round_peers(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rul
 
 def round_decision(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules,
                    reached_h_at: Optional[float] = None, alone_waits: bool = False,
-                   split: bool = False) -> Decision:
+                   split: bool = False, group: Optional[Collection[str]] = None) -> Decision:
     """What a node should do after a local step.
 
     ``reached_h_at``: when this node took its H-th step of the round (None while it has not). ``alone_waits``:
@@ -142,6 +142,10 @@ def round_decision(now: float, me: PeerProgress, peers: Iterable[PeerProgress], 
     swarm (``bench/scale.py --virtual``, sharded, 300 and 1000 peers) peers averaged 3.6x the contributions a
     minute with a fourteenth of the resyncs; on one key at 100 peers, a tenth fewer contributions and a third of
     the resyncs.
+
+    ``group``: with ``split``, the peer ids of this peer's planned group of the round; only they are waited for. The
+    other groups of its shard finish on their own: waiting for every shardmate, a group at 32 nodes waited out
+    ``round_wait`` for peers it was never to average with, at every round that dealt the shards anew.
     """
     live = live_peers(now, me, peers, rules)
     ahead = [p for p in live if p.round > me.round]
@@ -166,7 +170,7 @@ def round_decision(now: float, me: PeerProgress, peers: Iterable[PeerProgress], 
         return Decision(Action.AVERAGE, f"reached {rules.inner_steps} steps alone in "
                                         f"{'its shard of the board' if alone_waits else 'the swarm'}")
     # peers behind us resynchronise to our round (and are then not waited for); peers here are waited for
-    waiting_on = [p for p in live if p.phase != "paused"
+    waiting_on = [p for p in live if p.phase != "paused" and (not split or group is None or p.peer_id in group)
                   and ((p.round < me.round and not (split and p.round == me.round - 1))
                        or (p.round == me.round and not p.mid_round and p.steps < rules.inner_steps))]
     if not waiting_on:

@@ -472,8 +472,11 @@ class RoundAverager(abc.ABC):
         if now < self.retry_at or self._awaiting_read(now) or self._board_unknown(now) or self._view_stale():
             return None
         board_now = self._board_time()
+        split = self._split(board_now)
+        planned = self._board_group(board_now) if split and self.reached_h_at is not None else None
         decision = round_decision(board_now, self.progress(), self._peers, self.rules, self.reached_h_at,
-                                  alone_waits=self.sharded, split=self._split(board_now))
+                                  alone_waits=self.sharded, split=split,
+                                  group=None if planned is None else planned[0])
         early = decision.action is Action.TRAIN and self._meets_early(board_now)
         if early:  # no need to wait until the board shows the others at H: the meeting waits for them
             decision = Decision(Action.AVERAGE, f"reached {self.rules.inner_steps} steps: meeting this round's peers")

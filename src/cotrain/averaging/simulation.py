@@ -11,8 +11,8 @@ contributions), a peer that resyncs takes its donor's, and a peer alone adds its
 peers' states end (``state_spread``: their standard deviation, in group steps) says whether the swarm converges.
 
 What the board costs is counted from its operations with a model of hivemind's Kademlia DHT (the constants below):
-a lookup visits about log2(N) peers, each answering with up to ``BUCKET`` contacts; a store goes to ``REPLICAS``
-peers; a read gets the key's whole value (every live record in it) from the replicas it reaches. A record is
+a lookup visits the ``SEARCH_BEAM`` peers nearest the key and about log2(N) on the way, each answering with up to
+``BUCKET`` contacts; a store goes to ``REPLICAS`` peers; a read gets the key's whole value (every live record in it) from the replicas it reaches. A record is
 ``RECORD_BYTES`` on the wire (measured: the signed msgpack of a progress record with its credential and owner key).
 The figures are a model's, for the shape of the growth (one key: O(N) a read; S shards: O(N/S)); the processes of
 ``bench/scale.py`` measure real nodes.
@@ -27,6 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
+from cotrain.averaging.dht import REPLICAS, SEARCH_BEAM
 from cotrain.averaging.groups import (group_of, host_of, kept_group, max_group_size, plan_arrival_groups,
                                      plan_groups)
 from cotrain.averaging.progress import (Action, PeerProgress, RoundRules, groups_split, live_peers, round_decision,
@@ -35,17 +36,18 @@ from cotrain.averaging.progress import (Action, PeerProgress, RoundRules, groups
 #: a progress record on the wire: the signed msgpack of the record (with its ~550-byte credential) and its subkey
 #: (peer id and RSA owner key), as measured from the board's own encoding
 RECORD_BYTES = 1460
-#: hivemind's defaults: a value is stored on the 5 peers nearest its key; routing tables answer 20 contacts
-REPLICAS = 5
+#: routing tables answer 20 contacts (hivemind's bucket size); a value is stored on the REPLICAS peers nearest its
+#: key, and a search keeps SEARCH_BEAM of the nearest (cotrain.averaging.dht: the node's own settings)
 BUCKET = 20
 CONTACT_BYTES = 60  # a peer id and an address in a lookup's answer
 REQUEST_BYTES = 120  # a find / store / get request's own bytes, key and framing
 
 
 def lookup_bytes(n: int) -> int:
-    """One Kademlia lookup in a swarm of ``n``: about log2(n) hops, each a request and ``BUCKET`` contacts back."""
-    hops = max(1, math.ceil(math.log2(max(2, n))))
-    return hops * (REQUEST_BYTES + BUCKET * CONTACT_BYTES)
+    """One Kademlia lookup in a swarm of ``n``: it visits the ``SEARCH_BEAM`` peers nearest the key and about log2(n)
+    on the way there (all the others, in a swarm smaller than that), each a request and ``BUCKET`` contacts back."""
+    visits = min(n - 1, SEARCH_BEAM + math.ceil(math.log2(max(2, n))))
+    return max(1, visits) * (REQUEST_BYTES + BUCKET * CONTACT_BYTES)
 
 
 @dataclass
@@ -189,6 +191,20 @@ class BoardSim:
     def _kept_group(self, p: Peer) -> Optional[list]:
         return kept_group(p.kept, p.round, self.cfg.group_rounds)
 
+    def _planned(self, p: Peer, now: float) -> list[str]:
+        """``p``'s group of its round, planned from its view (the node's _board_group)."""
+        sharded = len(self.shards) > 1
+        here = round_peers(p.read_at, p.progress(now), p.view, self.rules, () if sharded else p.last_group)
+        if sharded:
+            since = {q.peer_id: q.since for q in p.view}
+            groups = plan_arrival_groups([(p.since, p.name), *((since[q], q) for q in here)], self.cfg.group)
+        else:
+            groups = plan_groups(p.round, [p.name, *here], self.cfg.group, "sim")
+        members = group_of(p.name, groups)
+        if members == [p.name] and len(groups) > 1:  # a lone last peer walks into the group before (as the node)
+            members = [*groups[-2], p.name]
+        return members
+
     def _go_to_meeting(self, p: Peer, now: float) -> None:
         kept = self._kept_group(p)
         if kept is not None:  # the group of the round before meets again (the node's _kept_group)
@@ -197,16 +213,7 @@ class BoardSim:
             self.meetings.setdefault(key, {})[p.name] = now
             p.meeting, p.phase = (p.round, key, kept, now), "average"
             return
-        sharded = len(self.shards) > 1
-        here = round_peers(p.read_at, p.progress(now), p.view, self.rules, () if sharded else p.last_group)
-        if sharded:  # as the node's _board_group
-            since = {q.peer_id: q.since for q in p.view}
-            groups = plan_arrival_groups([(p.since, p.name), *((since[q], q) for q in here)], self.cfg.group)
-        else:
-            groups = plan_groups(p.round, [p.name, *here], self.cfg.group, "sim")
-        members = group_of(p.name, groups)
-        if members == [p.name] and len(groups) > 1:  # a lone last peer walks into the group before (as the node)
-            members = [*groups[-2], p.name]
+        members = self._planned(p, now)
         p.met_round = p.round
         if len(members) < 2:
             return
@@ -272,8 +279,11 @@ class BoardSim:
         board_now = p.read_at
         live = live_peers(board_now, p.progress(board_now), p.view, self.rules)
         sharded = len(self.shards) > 1
+        split = groups_split(sharded, self.cfg.group, len(live))
+        group = self._planned(p, now) if split and p.reached_h_at is not None else None
+        group = group if group is not None and len(group) >= 2 else None  # no group of two: as the node, everyone
         decision = round_decision(board_now, p.progress(board_now), p.view, self.rules, p.reached_h_at,
-                                  alone_waits=sharded, split=groups_split(sharded, self.cfg.group, len(live)))
+                                  alone_waits=sharded, split=split, group=group)
         if decision.action is Action.RESYNC and self._kept_group(p) is not None and p.met_round != p.round:
             return  # as the node: a kept group goes on at its own pace until its meeting fails
         if decision.action is Action.RESYNC:

@@ -39,7 +39,6 @@ from cotrain.averaging.admission import (MAX_CREDENTIAL_BYTES, Admission, Member
 from cotrain.averaging.dht import SEARCH_BEAM
 
 
-
 class Action(enum.Enum):
     TRAIN = "train"  # keep taking local steps
     AVERAGE = "average"  # end the round: average the pseudo-gradients with the peers at this round
@@ -293,7 +292,8 @@ class ProgressBoard:
         """Apply the newest valid revocation list on the DHT (every subkey is tried: anyone may write one, only the
         coordinator's signature counts); True when it changed this peer's view."""
         try:
-            found = self.dht.get(self.revocations_key, latest=True, return_future=True, beam_size=SEARCH_BEAM).result(timeout=timeout)
+            found = self.dht.get(self.revocations_key, latest=True, return_future=True,
+                                 beam_size=SEARCH_BEAM).result(timeout=timeout)
         except TimeoutError:
             return False
         changed = False
@@ -332,7 +332,8 @@ class ProgressBoard:
         time (not the same as nobody there: a caller should keep what it knew, records carry their own time and go
         stale by themselves)."""
         try:
-            found = self.dht.get(self.keys[shard], latest=True, return_future=True, beam_size=SEARCH_BEAM).result(timeout=timeout)
+            found = self.dht.get(self.keys[shard], latest=True, return_future=True,
+                                 beam_size=SEARCH_BEAM).result(timeout=timeout)
         except TimeoutError:
             return None
         return self._records(found)

@@ -12,10 +12,10 @@ peers' states end (``state_spread``: their standard deviation, in group steps) s
 
 What the board costs is counted from its operations with a model of hivemind's Kademlia DHT (the constants below):
 a lookup visits the ``SEARCH_BEAM`` peers nearest the key and about log2(N) on the way, each answering with up to
-``BUCKET`` contacts; a store goes to ``REPLICAS`` peers; a read gets the key's whole value (every live record in it) from the replicas it reaches. A record is
-``RECORD_BYTES`` on the wire (measured: the signed msgpack of a progress record with its credential and owner key).
-The figures are a model's, for the shape of the growth (one key: O(N) a read; S shards: O(N/S)); the processes of
-``bench/scale.py`` measure real nodes.
+``BUCKET`` contacts; a store goes to ``REPLICAS`` peers; a read gets the key's whole value (every live record in it)
+from the replicas it reaches. A record is ``RECORD_BYTES`` on the wire (measured: the signed msgpack of a progress
+record with its credential and owner key). The figures are a model's, for the shape of the growth (one key: O(N) a
+read; S shards: O(N/S)); the processes of ``bench/scale.py`` measure real nodes.
 """
 
 from __future__ import annotations

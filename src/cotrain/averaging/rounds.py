@@ -249,6 +249,7 @@ class RoundAverager(abc.ABC):
         published = None  # the last publication's future, checked one interval later (never waited on)
         last = (-1, "", -math.inf)  # the round and phase of the last record published, and when
         while not self._stop.is_set():
+            paused = self._reads_paused()
             # what we publish and what we read fail apart: a record no DHT node stored must not keep this peer from
             # reading the others' (nor the revocation list)
             try:
@@ -259,7 +260,7 @@ class RoundAverager(abc.ABC):
                         storing.failed(PublishRefused("no DHT node stored this peer's progress record"), action=action)
                 # a kept group's member (nobody plans with its record) publishes every other interval while its round
                 # and phase stay as they were: still well within the record's life of three intervals
-                if (not self._reads_paused() or last[:2] != (self.round, self.phase)
+                if (not paused or last[:2] != (self.round, self.phase)
                         or time.monotonic() - last[2] >= 1.5 * self.cfg.progress_interval):
                     last = (self.round, self.phase, time.monotonic())
                     published = self.board.publish(self.progress(self.phase))
@@ -270,7 +271,6 @@ class RoundAverager(abc.ABC):
                 if not self._stop.is_set():
                     storing.failed(e, expected=False, action=action)
             try:
-                paused = self._reads_paused()
                 if paused:
                     self.stats.board_reads_skipped += 1
                 else:

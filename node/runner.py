@@ -462,7 +462,8 @@ class Node:
                         dict(metadata, config_toml=cfg.to_toml(), rounds=a.stats.history, time=time.time(),
                                        states_averaged=a.stats.states_averaged, resyncs=a.stats.resyncs,
                                        groups_kept=a.stats.groups_kept, board_reads=a.stats.board_reads,
-                                       board_reads_skipped=a.stats.board_reads_skipped))
+                                       board_reads_skipped=a.stats.board_reads_skipped,
+                                       rounds_hosted=a.stats.rounds_hosted))
 
     def _status(self) -> dict:
         """What ``STATE_DIR/status.json`` holds (:class:`StatusFile`, due at every new round and every

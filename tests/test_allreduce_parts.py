@@ -1,8 +1,14 @@
-"""Who reduces which part of an all-reduce: pure functions, every member computes the same."""
+"""Who reduces which part of an all-reduce, and a host's reduction at its meeting: pure functions, every member
+computes the same."""
+
+import struct
 
 import pytest
+import torch
 
-from cotrain.averaging.allreduce import choose_reducers, part_bounds
+from cotrain.averaging.allreduce import (AllReduceFailed, choose_reducers, contribution_piece, hosted, hosted_average,
+                                         hosted_reduce, part_bounds, weighted_mean)
+from cotrain.compression import Int8Blockwise, NoCompression
 
 
 def test_without_a_minimum_every_dialable_peer_reduces():
@@ -35,3 +41,45 @@ def test_only_dialable_peers_reduce_and_the_choice_moves_with_the_tag():
 def test_nobody_dialable_means_everyone_may_reduce():
     assert sum(choose_reducers(3, [False] * 3, 10, 65_536, "t")) == 1
     assert choose_reducers(3, [False] * 3, 10, 0, "t") == [True] * 3
+
+
+# ---- the all-reduce a board group's host does at its meeting (allreduce.hosted) -----------------------------------
+
+@pytest.mark.parametrize("numel", [10, 65_535, 131_071, 131_072, 10**6])
+def test_a_vector_is_hosted_exactly_when_the_butterfly_would_give_it_one_reducer(numel):
+    assert hosted(numel, 65_536) == (sum(choose_reducers(4, None, numel, 65_536, "t")) == 1)
+    assert not hosted(numel, 0)  # min_part_values = 0: every member reduces a part, always
+
+
+def test_the_hosts_result_is_the_weighted_mean_and_a_bad_contribution_is_left_out_by_name():
+    torch.manual_seed(0)
+    vectors = {"a": torch.randn(100), "b": torch.randn(100), "c": torch.randn(100)}
+    pieces = {peer: contribution_piece(v, w, NoCompression())[0]
+              for (peer, v), w in zip(vectors.items(), [1.0, 2.0, 1.0])}
+    dropped: dict = {}
+    count, average = hosted_average(hosted_reduce(pieces, 100, NoCompression(), weighted_mean, dropped), 100,
+                                    NoCompression())
+    assert count == 3 and not dropped
+    assert torch.allclose(average, (vectors["a"] + 2 * vectors["b"] + vectors["c"]) / 4, atol=1e-6)
+
+    nan = contribution_piece(torch.full((100,), float("nan")), 1.0, NoCompression())[0]
+    bad = dict(pieces, b=nan, c=pieces["c"][:-4], d=b"")  # d: nothing came with its meeting
+    count, average = hosted_average(hosted_reduce(bad, 100, NoCompression(), weighted_mean, dropped), 100,
+                                    NoCompression())
+    assert count == 1 and torch.equal(average, vectors["a"])
+    assert set(dropped) == {"b", "c", "d"}
+    assert "non-finite" in dropped["b"] and "malformed" in dropped["c"] and "did not arrive" in dropped["d"]
+
+
+def test_a_member_takes_only_a_result_that_is_one():
+    for result in (b"", b"\x03\x00", b"\x02\x00\x00\x00" + b"\x00" * 7):
+        with pytest.raises(AllReduceFailed):
+            hosted_average(result, 10, NoCompression())
+
+
+def test_what_a_member_sends_is_what_the_host_decodes():
+    vector = torch.randn(1000)
+    piece, decoded = contribution_piece(vector, 3.0, Int8Blockwise())
+    assert struct.unpack("<d", piece[:8]) == (3.0,)
+    assert torch.equal(decoded, Int8Blockwise().decode(piece[8:], 1000))
+    assert not torch.equal(decoded, vector)  # lossy: error feedback keeps the difference

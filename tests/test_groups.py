@@ -8,8 +8,8 @@ import time
 import pytest
 
 from cotrain.averaging.groups import (MAX_MEETING_BYTES, MAX_ROSTER_BYTES, WITHDRAWN, Meeting, Roster, group_of,
-                                      hold_meeting, host_key, host_of, kept_group, max_group_size, meeting_outcome,
-                                      plan_arrival_groups, plan_groups)
+                                      hold_meeting, host_key, host_of, join_piece, kept_group, max_group_size,
+                                      meeting_outcome, plan_arrival_groups, plan_groups, split_piece)
 
 PEERS = [f"Qm{i:02d}" for i in range(10)]
 
@@ -154,7 +154,7 @@ class FakeTransport:
     def __init__(self, board: Board, owner: str):
         self.board, self.owner = board, owner
 
-    def publish(self, tag, key, data):
+    def publish(self, tag, key, data, readers=0):
         with self.board.lock:
             self.board.pieces[(self.owner, key)] = data
             self.board.lock.notify_all()
@@ -176,12 +176,15 @@ class FakeTransport:
 
 
 def meet_all(plans: dict[str, list[str]], wait_s: float = 2.0, absent=(), subset: bool = False, gone=(),
-             board=None, dial_out_only=(), walk_ins: bool = False, target: int = 0, waits=None) -> dict:
+             board=None, dial_out_only=(), walk_ins: bool = False, target: int = 0, waits=None,
+             reduced=None) -> dict:
     """Every peer of ``plans`` (peer -> the group it planned) holds its meeting on one board, in its own thread, at
     the host of its plan (its first member not in ``dial_out_only``); the peers in ``gone`` left the swarm (as the
     progress board would tell the others). ``walk_ins``: hosts take the peers that asked for their meeting, and a
     member follows its host to the host it names (every peer of ``plans`` is in each view). ``waits``: peer -> the
-    peers whose request for its host's meeting it waits for before it comes (so that they walk in before it does)."""
+    peers whose request for its host's meeting it waits for before it comes (so that they walk in before it does).
+    ``reduced``: a dict: the meetings carry an all-reduce (each peer's payload is its name), and each host's reduce
+    records there what it was given and returns the payloads joined."""
     board, outcomes = board or Board(), {}
 
     def one(me, members):
@@ -193,9 +196,14 @@ def meet_all(plans: dict[str, list[str]], wait_s: float = 2.0, absent=(), subset
         peers = {m: m for m in members if m != me}
         came = (lambda: {p: p for p in board.askers.get((me, "meet-r4/meeting"), ())}) if walk_ins else None
         follow = lambda group: next(((p, p) for p in plans if walk_ins and host_key(4, p) == group), None)
+        def reduce(payloads):
+            reduced[me] = dict(payloads)
+            return b"+".join(payload for _, payload in sorted(payloads.items()))
+
         outcomes[me] = hold_meeting(board.transport(me), me, mine, host, peers, wait_s, wait_s, admit_ok,
                                     subset=subset, gone=lambda peer: peer in gone, walk_ins=came, target=target,
-                                    follow=follow)
+                                    follow=follow, payload=me.encode() if reduced is not None else b"",
+                                    reduce=reduce if reduced is not None else None)
 
     # daemons: a meeting that waits out a long wait_s it should not have waited leaves no outcome (the test fails on
     # it), and no thread holding the test run open
@@ -211,6 +219,50 @@ def test_peers_that_planned_the_same_group_meet_and_go_together():
     outcomes = meet_all({p: ["a", "b", "c"] for p in "abc"})
     assert all(o.ok for o in outcomes.values()), outcomes
     assert all(set(o.meetings) == {"a", "b", "c"} for o in outcomes.values())
+
+
+def test_a_hosted_all_reduce_rides_with_the_meeting_there_and_back():
+    """Each member's contribution goes with its meeting; the host reduces those of the peers that go (its own
+    included) and its result comes back with the roster: the same bytes for every member."""
+    reduced: dict = {}
+    outcomes = meet_all({p: ["a", "b", "c"] for p in "abc"}, reduced=reduced)
+    assert all(o.ok for o in outcomes.values()), outcomes
+    assert reduced == {"a": {"a": b"a", "b": b"b", "c": b"c"}}  # a hosts: the first of the plan
+    assert {o.result for o in outcomes.values()} == {b"a+b+c"}
+
+
+def test_a_host_reduces_only_the_contributions_of_the_peers_that_go():
+    # c saw itself in a and b's group; they had not seen c yet, and went without it (and without its contribution)
+    reduced: dict = {}
+    outcomes = meet_all({"a": ["a", "b"], "b": ["a", "b"], "c": ["a", "b", "c"]}, reduced=reduced)
+    assert outcomes["a"].ok and outcomes["b"].ok and not outcomes["c"].ok
+    assert reduced == {"a": {"a": b"a", "b": b"b"}}
+    assert outcomes["a"].result == outcomes["b"].result == b"a+b" and outcomes["c"].result == b""
+
+
+def test_the_host_of_a_shuffled_plan_takes_turns_and_a_newcomer_moves_it_only_when_drawn():
+    members = ["a", "b", "c", "d"]
+    dialable = lambda peer: peer != "b"  # noqa: E731
+    hosts = [host_of(members, dialable, f"run/{r}") for r in range(60)]
+    assert set(hosts) == {"a", "c", "d"}  # every member others can dial hosts in turn; b, behind NAT, never
+    assert host_of(members, dialable, "run/7") == host_of(list(reversed(members)), dialable, "run/7")
+    for r in range(60):  # e joins: the host stays unless e is drawn
+        assert host_of(members + ["e"], dialable, f"run/{r}") in (hosts[r], "e")
+    assert host_of(members, dialable) == "a"  # no turn: the first of the order (an arrival order keeps its first)
+
+
+def test_a_piece_carries_a_rest_that_its_head_does_not_see():
+    head = meeting(group=host_key(4, "a")).encode()
+    assert join_piece(head) == head and split_piece(head) == (head, b"")  # nothing riding: the meeting as it is
+    assert split_piece(join_piece(head, b"\x00" * 100)) == (head, b"\x00" * 100)
+    outcome = meeting_outcome("a", meeting(group=host_key(4, "a")), ["a", "b"],
+                              {"b": join_piece(head, b"contribution")}, admit_ok)
+    assert outcome.ok and outcome.meetings["b"] == meeting(group=host_key(4, "a"))
+    for bad in (b"\x01\x05", b"\x01" + (10**6).to_bytes(4, "little") + head):  # truncated; a head past the end
+        with pytest.raises(ValueError, match="piece"):
+            split_piece(bad)
+        assert "sent no meeting (piece" in meeting_outcome("a", meeting(group=host_key(4, "a")), ["a", "b"],
+                                                           {"b": bad}, admit_ok).reason
 
 
 def test_only_the_host_reads_the_members_meetings():

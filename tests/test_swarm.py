@@ -121,8 +121,11 @@ def test_two_nodes_train_and_average_into_one_model(model_coordinator, tmp_path)
 
 @pytest.mark.parametrize("formation", ["board", "board_only", "matchmaking"])
 def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, corpus_file, formation, node_zygote):
-    coordinator = RunningCoordinator(tmp_path, tiny_config(corpus_file, averaging={"group_formation": formation}),
-                                     zygote=node_zygote)
+    # the tiny model's update is small: board_only's groups average it at the meeting, through the host
+    # (allreduce.hosted); "board" makes every member reduce a part (min_part_values = 0), the butterfly after the
+    # meeting that a large model's rounds take
+    averaging = {"group_formation": formation, **({"min_part_values": 0} if formation == "board" else {})}
+    coordinator = RunningCoordinator(tmp_path, tiny_config(corpus_file, averaging=averaging), zygote=node_zygote)
     # with board groups node-2 is a straggler (each local step takes 0.3 s more): it must cost the others nothing
     straggler = {2: ["--step-delay", "0.3"]} if formation != "matchmaking" else {}
     try:
@@ -145,6 +148,11 @@ def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, cor
         f"node-{i}": sorted(f"node-{j}" for j in range(3) if j != i) for i in range(3)}, health.nodes
     if formation == "board_only":  # no hivemind averager process: the node, its DHT process, the libp2p daemon
         assert all(s["processes"] == 3 and s["groups_matchmade"] == 0 for s in statuses), statuses
+    hosted = [f.metadata["rounds_hosted"] for f in finals]
+    if formation == "board_only":  # every round the board's group averaged went through its host
+        assert hosted == [s["groups_from_board"] for s in statuses], (hosted, statuses)
+    else:
+        assert hosted == [0, 0, 0], hosted
     if formation != "matchmaking":  # the peers agree on their group from the board: no matchmaking in a calm swarm
         assert all(s["groups_from_board"] >= 2 for s in statuses), statuses
         # the fast nodes took their H steps a round and went to the meeting; the straggler came when it saw them

@@ -161,14 +161,26 @@ def _reduce_part(exchange: Exchange, tag: str, group: list, names: list[str], mi
     a, b = bounds
     others = [(p, f"{tag}/in/{mine}/{name}") for p, name in zip(group, names) if name != names[mine]]
     fetched = exchange.fetch_many(others, wait_s=timeout, large=_streams(b - a))
+    count, encoded_result = _aggregate(names, _insert(fetched, mine, struct.pack("<d", weight) + own), b - a, codec,
+                                       aggregator, dropped)
+    exchange.publish(tag, f"{tag}/out/{mine}", struct.pack("<I", count) + encoded_result,
+                     readers=len(group) - 1)  # every groupmate gathers every part
+    return count, encoded_result
+
+
+def _aggregate(names: Sequence[str], payloads: Sequence[Optional[bytes]], numel: int, codec: Codec,
+               aggregator: Aggregator, dropped: dict) -> tuple[int, bytes]:
+    """Aggregate the contributions (weight, then the encoded values; None: none came) in ``names``' order. ->
+    (contributions aggregated, the encoded result). Those left out are named in ``dropped``, with why; the caller's
+    own is among them and is valid, so at least one is aggregated."""
     parts, weights = [], []
-    for name, payload in zip(names, _insert(fetched, mine, struct.pack("<d", weight) + own)):
+    for name, payload in zip(names, payloads):
         if payload is None:
             dropped[name] = "its contribution did not arrive in time"
             continue
         try:
             (w,) = struct.unpack("<d", payload[:8])
-            part = codec.decode(payload[8:], b - a)
+            part = codec.decode(payload[8:], numel)
         except (ValueError, struct.error) as e:
             dropped[name] = f"malformed contribution: {e}"
             continue
@@ -180,11 +192,49 @@ def _reduce_part(exchange: Exchange, tag: str, group: list, names: list[str], mi
             continue
         parts.append(part)
         weights.append(w)
-    reduced = aggregator(parts, weights)
-    encoded_result = codec.encode_result(reduced)
-    exchange.publish(tag, f"{tag}/out/{mine}", struct.pack("<I", len(parts)) + encoded_result,
-                     readers=len(group) - 1)  # every groupmate gathers every part
-    return len(parts), encoded_result
+    return len(parts), codec.encode_result(aggregator(parts, weights))
+
+
+# ---- the all-reduce a board group's host does at its meeting ----------------------------------------------------
+
+def hosted(numel: int, min_part_values: int) -> bool:
+    """Whether a board group's all-reduce of ``numel`` values rides with its meeting: when the butterfly would have
+    one reducer anyway (:func:`choose_reducers`), the host is that reducer. Each member's contribution comes with its
+    meeting and the result goes back with the host's roster: a round is 2 (n - 1) requests and two hops (a member's
+    piece to the host, the host's answer back) instead of 5 (n - 1) and five, and the host moves the same bytes the
+    single reducer did. On loopback with 2 cores a request costs 1-2 ms of CPU, which for a small vector is the
+    round's cost."""
+    return min_part_values > 0 and numel // min_part_values <= 1
+
+
+def contribution_piece(vector: torch.Tensor, weight: float, codec: Codec) -> tuple[bytes, torch.Tensor]:
+    """A member's whole contribution to a hosted all-reduce (its weight, then ``vector`` encoded), and the vector
+    as the host will decode it (for error feedback)."""
+    vector = vector.detach().float().cpu().reshape(-1)
+    encoded = codec.encode(vector)
+    return struct.pack("<d", weight) + encoded, codec.decode(encoded, vector.numel())
+
+
+def hosted_reduce(pieces: dict[str, Optional[bytes]], numel: int, codec: Codec, aggregator: Aggregator,
+                  dropped: dict) -> bytes:
+    """The host's side: aggregate the group's contributions (peer id -> piece from :func:`contribution_piece`, the
+    host's own included; None or empty: none came) in id order -> the result every member decodes
+    (:func:`hosted_average`). Those left out are named in ``dropped``."""
+    names = sorted(pieces)
+    count, encoded = _aggregate(names, [pieces[name] or None for name in names], numel, codec, aggregator, dropped)
+    return struct.pack("<I", count) + encoded
+
+
+def hosted_average(result: bytes, numel: int, codec: Codec) -> tuple[int, torch.Tensor]:
+    """A member's side: the host's result -> (contributions it aggregated, the average). Raises AllReduceFailed
+    for bytes that are no result (they come from a peer)."""
+    if not result:
+        raise AllReduceFailed("the group's host sent no result with its roster")
+    try:
+        (count,) = struct.unpack("<I", result[:4])
+        return count, codec.decode_result(result[4:], numel)
+    except (ValueError, struct.error) as e:
+        raise AllReduceFailed(f"the group's host sent a malformed result: {e}") from None
 
 
 def _streams(values: int) -> bool:

@@ -5,7 +5,7 @@ timer before a byte moved. But the progress board already says who is at which r
 can compute the groups itself (:func:`plan_groups`: the round's peers in a fixed order, shuffled by a seed every
 peer knows and cut into groups of ``target_group_size``; on a sharded board, :func:`plan_arrival_groups`: the
 shard's peers in the order they came to the round) and then meet its groupmates at the group's host
-(:func:`host_of`: its first member that can be dialled). Each publishes a small :class:`Meeting` (the host it
+(:func:`host_of`: one of its members that can be dialled). Each publishes a small :class:`Meeting` (the host it
 names, its weight, its state hash and its credential); the host fetches its planned groupmates', decides
 (:func:`meeting_outcome`) and publishes a :class:`Roster` of who goes, which the others fetch
 (:func:`hold_meeting`). When they all come the all-reduce starts at once, a round trip or two after the last one
@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import random
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -108,6 +109,29 @@ def host_key(round_number: int, host: str) -> str:
     return hashlib.sha1(f"{round_number}|{host}".encode()).hexdigest()[:16]
 
 
+#: a meeting's piece with something riding on it (a member's contribution to a hosted all-reduce, the host's result
+#: with its roster): this byte, the head's length (4 bytes, little-endian), the head (the meeting or roster JSON),
+#: then the rest. A piece without a rest is the head alone (JSON: it starts with "{")
+PIECE_WITH_REST = b"\x01"
+
+
+def join_piece(head: bytes, rest: bytes = b"") -> bytes:
+    """A meeting's or roster's piece: ``head``, and ``rest`` riding on it (see :data:`PIECE_WITH_REST`)."""
+    return PIECE_WITH_REST + struct.pack("<I", len(head)) + head + rest if rest else head
+
+
+def split_piece(data: bytes) -> tuple[bytes, bytes]:
+    """A piece (from a peer) -> (its head, the rest). Raises ValueError for a framing that does not hold."""
+    if not data.startswith(PIECE_WITH_REST):
+        return data, b""
+    if len(data) < 5:
+        raise ValueError("piece: truncated head length")
+    (size,) = struct.unpack_from("<I", data, 1)
+    if size > len(data) - 5:
+        raise ValueError(f"piece: a head of {size} bytes in {len(data)}")
+    return data[5:5 + size], data[5 + size:]
+
+
 def _json_object(data: bytes, what: str, max_bytes: int, kinds: Mapping[str, type]) -> dict:
     """``data`` (from a peer) as a JSON object whose fields have the ``kinds`` given (a bool is no int); raises
     ValueError naming ``what`` and the field."""
@@ -168,6 +192,8 @@ class Outcome:
     #: us: its view of the board differed from ours (a peer that joined or left between two reads). Matchmaking
     #: cannot help when it already went on with its own group
     disagreed: bool = False
+    #: what the host sent back with its roster (``hold_meeting(..., reduce=)``: a hosted all-reduce's result)
+    result: bytes = b""
 
 
 def meeting_outcome(me: str, mine: Meeting, members: Sequence[str], received: Mapping[str, Optional[bytes]],
@@ -199,7 +225,7 @@ def meeting_outcome(me: str, mine: Meeting, members: Sequence[str], received: Ma
             failures.append(Outcome(False, f"peer {peer[-8:]} did not come to the round's meeting", {}))
             continue
         try:
-            meeting = Meeting.decode(data)
+            meeting = Meeting.decode(split_piece(data)[0])
         except ValueError as e:
             failures.append(Outcome(False, f"peer {peer[-8:]} sent no meeting ({e})", {}))
             continue
@@ -219,7 +245,7 @@ def meeting_outcome(me: str, mine: Meeting, members: Sequence[str], received: Ma
         if peer in meetings or peer in members or not data:
             continue
         try:
-            meeting = Meeting.decode(data)
+            meeting = Meeting.decode(split_piece(data)[0])
         except ValueError:
             continue  # a walk-in is nobody's plan: one that sent no meeting of ours is simply not of the group
         if meeting.round == mine.round and meeting.group == mine.group and admitted(peer, meeting.cred):
@@ -245,7 +271,7 @@ class Transport(Protocol):
     """What a meeting needs of the network (:class:`cotrain.averaging.exchange.Exchange` in a node; an in-memory fake
     in unit tests): publish a piece under a key, fetch pieces from peers."""
 
-    def publish(self, tag: str, key: str, data: bytes) -> None: ...
+    def publish(self, tag: str, key: str, data: bytes, readers: int = 0) -> None: ...
 
     def fetch_many(self, requests: Sequence[tuple[Any, str]], wait_s: float) -> list[Optional[bytes]]: ...
 
@@ -279,10 +305,19 @@ MAX_ROSTER_BYTES = 256 * 1024
 MAX_ROSTER_MEMBERS = 256
 
 
-def host_of(members: Sequence[str], dialable: Callable[[str], bool]) -> Optional[str]:
-    """The planned group's host: its first member (in the plan's order) that peers can dial; None when none can be
-    (then nobody could reach anybody's meeting, nor reduce a part of the all-reduce)."""
-    return next((peer for peer in members if dialable(peer)), None)
+def host_of(members: Sequence[str], dialable: Callable[[str], bool], turn: Optional[str] = None) -> Optional[str]:
+    """The planned group's host: of its members that peers can dial, the first in the plan's order, or with a
+    ``turn`` (a string every member knows, the run and round) the one that ``turn`` draws (the highest hash of
+    (turn, peer)); None when none can be dialled (then nobody could reach anybody's meeting, nor reduce a part).
+
+    The host reduces a small update (allreduce.hosted) and could return anything for it, so the turn moves the
+    task round to round, as the butterfly's single reducer moves. Either way a peer that planned one more member or
+    one fewer names the same host unless that member is the host (a chance of 1 in the group's size), and the first
+    of an arrival order stays first when a newcomer comes after it (sharded boards keep that order)."""
+    reachable = [peer for peer in members if dialable(peer)]
+    if not reachable or turn is None:
+        return reachable[0] if reachable else None
+    return max(reachable, key=lambda peer: hashlib.sha1(f"{turn}|{peer}".encode()).digest())
 
 
 @dataclass(frozen=True)
@@ -327,7 +362,8 @@ def hold_meeting(transport: Transport, me: str, mine: Meeting, host: str, peers:
                  stop: Optional[threading.Event] = None, subset: bool = False,
                  gone: Callable[[str], bool] = lambda peer: False,
                  walk_ins: Optional[Callable[[], Mapping[str, Any]]] = None, target: int = 0,
-                 follow: Callable[[str], Optional[tuple[str, Any]]] = lambda group: None) -> Outcome:
+                 follow: Callable[[str], Optional[tuple[str, Any]]] = lambda group: None, payload: bytes = b"",
+                 reduce: Optional[Callable[[dict[str, bytes]], bytes]] = None) -> Outcome:
     """This peer's side of a board group's meeting, whose ``host`` (:func:`host_of`) decides who goes.
 
     Every member publishes ``mine`` (naming the host: :func:`host_key`); the host fetches its planned groupmates'
@@ -344,19 +380,27 @@ def hold_meeting(transport: Transport, me: str, mine: Meeting, host: str, peers:
     meeting of the round, which it did not plan) into its group, up to ``target``'s bound (see
     :func:`meeting_outcome`); and a member whose host's meeting names another host follows it there once:
     ``follow(group)`` -> (that host's id, address) when this member's view knows it (the host had seen an earlier
-    peer that the member had not)."""
+    peer that the member had not).
+
+    A hosted all-reduce (:func:`cotrain.averaging.allreduce.hosted`) rides with the meeting: every member's
+    ``payload`` (its contribution) goes with its meeting, the host calls ``reduce(payloads)`` (peer -> payload of
+    those that go, its own included; empty: none came) and sends what it returns with its roster, as
+    ``Outcome.result``."""
     if me == host:
-        return _host_meeting(transport, me, mine, peers, wait_s, admitted, stop, subset, gone, walk_ins, target)
+        return _host_meeting(transport, me, mine, peers, wait_s, admitted, stop, subset, gone, walk_ins, target,
+                             payload, reduce)
     tag = meeting_tag(mine.round)
-    transport.publish(tag, meeting_key(mine.round), mine.encode())
-    outcome = _joined(transport, me, mine, host, peers[host], wait_s, go_wait_s, admitted, stop, gone, follow)
+    transport.publish(tag, meeting_key(mine.round), join_piece(mine.encode(), payload))
+    outcome = _joined(transport, me, mine, host, peers[host], wait_s, go_wait_s, admitted, stop, gone, follow,
+                      payload)
     if not outcome.ok:  # the host's next meeting must not read this one
         transport.publish(tag, meeting_key(mine.round), WITHDRAWN)
     return outcome
 
 
 def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[str, Any], wait_s: float,
-                  admitted, stop, subset: bool, gone, walk_ins, target: int) -> Outcome:
+                  admitted, stop, subset: bool, gone, walk_ins, target: int, payload: bytes = b"",
+                  reduce: Optional[Callable[[dict[str, bytes]], bytes]] = None) -> Outcome:
     tag, key = meeting_tag(mine.round), meeting_key(mine.round)
     transport.publish(tag, key, mine.encode())
     stop = stop or threading.Event()
@@ -385,15 +429,22 @@ def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[s
             stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
     outcome = meeting_outcome(me, mine, [me, *peers], received, admitted, subset=subset, walk_ins=walked,
                               target=target)
-    seen = {}
+    seen, payloads = {}, {me: payload}
     for peer, data in {**walked, **received}.items():
         try:
-            seen[peer] = Meeting.decode(data).attempt if data else None
+            head, rest = split_piece(data) if data else (b"", b"")
+            seen[peer] = Meeting.decode(head).attempt if data else None
+            payloads[peer] = rest
         except ValueError:
             pass
     members = {peer: m.encode() for peer, m in outcome.meetings.items()} if outcome.ok else {}
-    transport.publish(tag, roster_key(mine.round, mine.attempt), Roster(
-        mine.round, mine.attempt, members, {p: a for p, a in seen.items() if a is not None}, outcome.reason).encode())
+    result = b""
+    if outcome.ok and reduce is not None:
+        result = reduce({peer: payloads.get(peer, b"") for peer in outcome.meetings})
+        outcome = dataclasses.replace(outcome, result=result)
+    transport.publish(tag, roster_key(mine.round, mine.attempt), join_piece(Roster(
+        mine.round, mine.attempt, members, {p: a for p, a in seen.items() if a is not None}, outcome.reason).encode(),
+        result), readers=len(members) - 1 if result else 0)  # a leaving host waits until its members have the result
     if not outcome.ok:  # after the roster: a member that read this meeting reads that it did not fill
         transport.publish(tag, key, WITHDRAWN)
     return outcome
@@ -412,23 +463,31 @@ def _decoded(data: Optional[bytes], decode: Callable[[bytes], Any], missing: str
 
 
 def _joined(transport: Transport, me: str, mine: Meeting, host: str, address: Any, wait_s: float,
-            go_wait_s: float, admitted, stop, gone, follow=lambda group: None) -> Outcome:
+            go_wait_s: float, admitted, stop, gone, follow=lambda group: None, payload: bytes = b"") -> Outcome:
     who = f"the group's host {host[-8:]}"
     data = fetch_until(transport, {host: address}, meeting_key(mine.round), wait_s, stop, gone=gone).get(host)
-    hosted, failed = _decoded(data, Meeting.decode, f"{who} did not come to the round's meeting",
-                              f"{who} sent no meeting")
+    hosted, failed = _decoded(data, lambda piece: Meeting.decode(split_piece(piece)[0]),
+                              f"{who} did not come to the round's meeting", f"{who} sent no meeting")
     if failed is not None:
         return failed
     if hosted.round == mine.round and hosted.group != mine.group:
         there = follow(hosted.group)
         if there is not None and there[0] not in (me, host):  # once: the host it names hosts its own group
             moved = dataclasses.replace(mine, group=hosted.group)
-            transport.publish(meeting_tag(mine.round), meeting_key(mine.round), moved.encode())
-            return _joined(transport, me, moved, there[0], there[1], wait_s, go_wait_s, admitted, stop, gone)
+            transport.publish(meeting_tag(mine.round), meeting_key(mine.round), join_piece(moved.encode(), payload))
+            return _joined(transport, me, moved, there[0], there[1], wait_s, go_wait_s, admitted, stop, gone,
+                           payload=payload)
     if hosted.round != mine.round or hosted.group != mine.group:
         return Outcome(False, f"{who} planned another group (round {hosted.round})", {}, disagreed=True)
     data = transport.fetch_many([(address, roster_key(mine.round, hosted.attempt))], wait_s=wait_s + go_wait_s)[0]
-    roster, failed = _decoded(data, Roster.decode, f"{who} did not say whom it went with", f"{who} sent no roster")
+    result = b""
+
+    def roster_of(piece: bytes) -> Roster:
+        nonlocal result
+        head, result = split_piece(piece)
+        return Roster.decode(head)
+
+    roster, failed = _decoded(data, roster_of, f"{who} did not say whom it went with", f"{who} sent no roster")
     if failed is not None:
         return failed
     if roster.round != mine.round or roster.attempt != hosted.attempt:
@@ -452,4 +511,4 @@ def _joined(transport: Transport, me: str, mine: Meeting, host: str, address: An
         meetings[peer] = meeting
     if host not in meetings:
         return Outcome(False, f"{who} listed a group without itself", {})
-    return Outcome(True, f"{len(meetings)} peers met at {who}'s meeting", meetings)
+    return Outcome(True, f"{len(meetings)} peers met at {who}'s meeting", meetings, result=result)

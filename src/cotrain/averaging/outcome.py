@@ -40,6 +40,8 @@ class RoundResult:
     state: Optional[list] = None
     #: RESYNC: the members that hold the group's state (its majority), to download it from
     donors: tuple = ()
+    #: the all-reduce rode with the board's meeting (cotrain.averaging.allreduce.hosted)
+    hosted: bool = False
 
 
 def round_outcome(me: str, my_hash: str, info: Mapping[str, Mapping], complete: bool,

@@ -25,7 +25,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from hivemind.averaging import DecentralizedAverager
@@ -36,7 +36,8 @@ from hivemind.utils import get_dht_time
 from cotrain.averaging.admission import Admission
 from cotrain.averaging.attacks import make_attack
 from cotrain.averaging.allgather import sparse_allgather
-from cotrain.averaging.allreduce import AllReduceFailed, butterfly_allreduce, group_tag, weighted_mean
+from cotrain.averaging.allreduce import (AllReduceFailed, butterfly_allreduce, contribution_piece, group_tag, hosted,
+                                        hosted_average, hosted_reduce, weighted_mean)
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.groups import (Meeting, group_of, hold_meeting, host_key, host_of, kept_group, meeting_key,
                                      plan_arrival_groups, plan_groups)
@@ -99,6 +100,8 @@ class RoundStats:
     groups_matchmade: int = 0
     #: rounds whose group was planned as the group of the round before (averaging.group_rounds)
     groups_kept: int = 0
+    #: averaged rounds whose all-reduce rode with the board's meeting (a small vector: allreduce.hosted)
+    rounds_hosted: int = 0
     #: reads of the progress board this peer made, and those it left out while its group was kept (see
     #: RoundAverager._reads_paused)
     board_reads: int = 0
@@ -588,8 +591,8 @@ class RoundAverager(abc.ABC):
                    for p in live_peers(now, me, self._peers, self.rules))
 
     def _board_group(self, now: float) -> Optional[tuple[list[str], str]]:
-        """This peer's planned group for the round, from the board, and its host (groups.host_of: its first member
-        that can be dialled); None when it cannot meet: nobody else is there, or none of its members can be dialled
+        """This peer's planned group for the round, from the board, and its host (groups.host_of: a member that can
+        be dialled); None when it cannot meet: nobody else is there, or none of its members can be dialled
         (all behind NAT: nobody could fetch a meeting; every member sees the same flags on the board, so none of
         them meets, or with "board" they all go to matchmaking together). Members behind NAT meet through the host,
         never fetching each other."""
@@ -599,7 +602,7 @@ class RoundAverager(abc.ABC):
             members = [peer for peer in kept if peer not in gone]
             dial_out_only = {p.peer_id for p in self._peers if not p.reducer} | (
                 {self.peer_id} if self.client_mode else set())
-            host = host_of(members, lambda peer: peer not in dial_out_only)
+            host = host_of(members, lambda peer: peer not in dial_out_only, self._host_turn())
             return (members, host) if len(members) >= 2 and host is not None else None
         # on a sharded board last round's groupmates are in other shards now: only this round's shard counts
         here = round_peers(now, self.progress(), self._peers, self.rules,
@@ -619,10 +622,16 @@ class RoundAverager(abc.ABC):
         dial_out_only = {p.peer_id for p in self._peers if not p.reducer}
         if self.client_mode:
             dial_out_only.add(self.peer_id)
-        host = host_of(members, lambda peer: peer not in dial_out_only)
+        # a sharded round's host is the first of its arrival order (a walk-in, last, keeps it); a shuffled plan's
+        # takes turns
+        host = host_of(members, lambda peer: peer not in dial_out_only, None if self.sharded else self._host_turn())
         if len(members) < 2 or host is None:
             return None
         return members, host
+
+    def _host_turn(self) -> str:
+        """What draws the host of an unsharded or kept group (groups.host_of): the run and the round."""
+        return f"{self.run_id}/{self.round}"
 
     def _resync(self, prefer: Sequence[str] = (), min_round: int = 0) -> None:
         self.stats.resyncs += 1
@@ -695,6 +704,7 @@ class RoundAverager(abc.ABC):
                                     state=result.state)
             self.stats.last_group = sorted(result.group)
             self.stats.rounds_completed += 1
+            self.stats.rounds_hosted += result.hosted
             if result.from_board:
                 self.stats.groups_from_board += 1
             else:
@@ -729,12 +739,14 @@ class RoundAverager(abc.ABC):
     def give_back_round(self, launch: PendingRound) -> None:
         """Overlap: the round did not happen; undo :meth:`hold_round`, keeping the steps taken since."""
 
-    def _meet(self, launch: PendingRound) -> tuple[Optional[tuple[list, dict]], str, bool]:
+    def _meet(self, launch: PendingRound,
+              hosting: Optional["_Hosting"] = None) -> tuple[Optional[tuple[list, dict, bytes]], str, bool]:
         """Form this round's group from the progress board (cotrain.averaging.groups): plan the groups of the peers
         at this round, and meet the others at the group's host (groups.hold_meeting: the host decides who goes).
-        -> ((group, info by peer id), "", False) when they go; (None, why, disagreed) when not: ``disagreed`` when
-        the host or a groupmate planned otherwise (the caller waits for a fresh board read), else the caller falls
-        back to hivemind's matchmaking."""
+        -> ((group, info by peer id, the host's result), "", False) when they go; (None, why, disagreed) when not:
+        ``disagreed`` when the host or a groupmate planned otherwise (the caller waits for a fresh board read), else
+        the caller falls back to hivemind's matchmaking. ``hosting``: the round's all-reduce rides with the meeting
+        (this peer's contribution goes with its meeting; a host reduces the group's)."""
         planned = self._board_group(self._board_time())
         self._meeting_held = False  # whether this try went to a meeting (one that did not fill is held again)
         self._meetings_held = self._meetings_held + 1 if self._met_round == launch.round else 1
@@ -770,7 +782,8 @@ class RoundAverager(abc.ABC):
         outcome = hold_meeting(self.exchange, self.peer_id, mine, host, peers, self.cfg.matchmaking_time,
                                self.cfg.request_timeout, admitted, self._stop, subset=not launch.early, gone=gone,
                                walk_ins=lambda: self._walk_ins(launch.round), target=self.cfg.target_group_size,
-                               follow=follow)
+                               follow=follow, payload=hosting.piece if hosting else b"",
+                               reduce=hosting.reduce if hosting else None)
         if not outcome.ok:
             logger.info("round %d: the board's group did not meet (%s)", launch.round, outcome.reason)
             return None, outcome.reason, outcome.disagreed
@@ -780,11 +793,11 @@ class RoundAverager(abc.ABC):
             group = sorted((PeerID.from_base58(peer) for peer in outcome.meetings), key=str)
         except ValueError:
             return None, "the host listed a member with no valid peer id", False
-        return (group, info), "", False
+        return (group, info, outcome.result), "", False
 
-    def _matchmake(self, weight: float, launch: PendingRound) -> tuple[Optional[tuple[list, dict]], str]:
-        """hivemind's matchmaking (it waits matchmaking_time for followers). -> ((admitted group, info by peer id),
-        "") or (None, why the round failed)."""
+    def _matchmake(self, weight: float, launch: PendingRound) -> tuple[Optional[tuple[list, dict, bytes]], str]:
+        """hivemind's matchmaking (it waits matchmaking_time for followers). -> ((admitted group, info by peer id,
+        b""), "") or (None, why the round failed)."""
         # hivemind reshuffles the group key after every group it assembles; ours must be this round's, every time
         self.averager.set_group_bits(round_group_bits(launch.round), wait=True)
         try:
@@ -799,7 +812,7 @@ class RoundAverager(abc.ABC):
         info = {str(k): v for k, v in gathered.items() if isinstance(v, dict)}
         group = sorted(admitted_group(gathered, info, self.peer_id, self.admission), key=str)
         info = {k: v for k, v in info.items() if k in {str(p) for p in group}}
-        return (group, info), ""
+        return (group, info, b""), ""
 
     def _run_round(self, launch: PendingRound) -> RoundResult:
         """Form the round's group and run its all-reduce (on the averaging thread with overlap): everything but
@@ -808,7 +821,8 @@ class RoundAverager(abc.ABC):
         started = time.monotonic()
         board = self.cfg.group_formation == "board_only" or (self.cfg.group_formation == "board"
                                                               and self._met_round != launch.round)
-        formed, why, disagreed = self._meet(launch) if board else (None, "", False)
+        hosting = self._hosting(launch.contribution, weight) if board else None
+        formed, why, disagreed = self._meet(launch, hosting) if board else (None, "", False)
         from_board = formed is not None
         if formed is None and launch.early:
             return RoundResult(Kind.UNFILLED, why or "the planned group did not meet",
@@ -825,7 +839,9 @@ class RoundAverager(abc.ABC):
             if formed is None:
                 return RoundResult(Kind.FAILED, why, meet_s=time.monotonic() - started)
         met = time.monotonic()
-        group, info = formed
+        group, info, hosted_result = formed
+        if hosting is not None and from_board:  # the host reduced at the meeting: its result came with the roster
+            self._flag(hosting.dropped)
         if len(group) < 2:
             return RoundResult(Kind.FAILED, "no admitted groupmate", meet_s=met - started)
         tag = group_tag(f"r{launch.round}", [str(p) for p in group])
@@ -836,7 +852,11 @@ class RoundAverager(abc.ABC):
         differ = len({str(v.get("hash")) for v in info.values()}) > 1
         state = None
         try:
-            average, complete = self._allreduce(launch.contribution, tag, group, me, weight, reducers)
+            if hosting is not None and from_board:
+                average, complete = hosting.average(hosted_result, len(group))
+                self._took_feedback(hosting.contribution, hosting.flat, hosting.decoded, hosting.use_feedback)
+            else:
+                average, complete = self._allreduce(launch.contribution, tag, group, me, weight, reducers)
             if self.cfg.state_averaging and differ:
                 state = self._average_states(f"{tag}-state", group, me, reducers)
         except AllReduceFailed as e:
@@ -848,7 +868,8 @@ class RoundAverager(abc.ABC):
         donors = tuple(p for p in majority_holders(info) if p != self.peer_id) if kind is Kind.RESYNC else ()
         return RoundResult(kind, reason, average, len(group), partial, others_samples(self.peer_id, info),
                            members_of(group, self.peer_id), from_board, meet_s=met - started,
-                           allreduce_s=time.monotonic() - met, state=state, donors=donors)
+                           allreduce_s=time.monotonic() - met, state=state, donors=donors,
+                           hosted=hosting is not None and from_board)
 
     def _average_states(self, tag: str, group, me, reducers: Sequence[bool]) -> list[torch.Tensor]:
         """averaging.state_averaging: the group's mean of its members' shared states, losslessly (each member
@@ -859,7 +880,7 @@ class RoundAverager(abc.ABC):
         result = butterfly_allreduce(self.exchange, tag, group, me, flat, 1.0, NoCompression(),
                                      self.cfg.allreduce_timeout, self.aggregator or weighted_mean, reducers,
                                      self.cfg.min_part_values)
-        self._flag(result)
+        self._flag(result.dropped)
         return _unflatten(result.average, like)
 
     def _allreduce(self, contribution: list[torch.Tensor], tag: str, group, me, weight: float,
@@ -875,34 +896,57 @@ class RoundAverager(abc.ABC):
                 result = butterfly_allreduce(self.exchange, f"{tag}-{phase}", group, me, vector, weight, self.codec,
                                              timeout, self.aggregator, reducers, self.cfg.min_part_values)
                 complete = complete and result.complete
-                self._flag(result)
+                self._flag(result.dropped)
                 return result.average
 
             average = self.powersgd.reduce(contribution, reduce)
             if self.outer_feedback and self.feedback_in_params:  # its error waits in the local model instead
                 self.residual = self.powersgd.take_error()
             return average, complete
-        flat = torch.cat([c.detach().float().cpu().reshape(-1) for c in contribution])
-        use_feedback = ((self.codec.lossy or self.outer_feedback) and self.compression.error_feedback
-                        and self.attack is None)
-        if use_feedback and self.error is not None:
-            flat = flat + self.feedback_decay * self.error
-        sent = self.attack(flat) if self.attack is not None else flat
+        flat, sent, use_feedback = self._prepared(contribution)
         if isinstance(self.codec, SparseLowBit):
             result = sparse_allgather(self.exchange, tag, group, me, sent, weight, self.codec, timeout,
                                       self.cfg.aggregation, self.cfg.clip_multiple, reducers)
         else:
             result = butterfly_allreduce(self.exchange, tag, group, me, sent, weight, self.codec, timeout,
                                          self.aggregator, reducers, self.cfg.min_part_values)
-        self._flag(result)
-        if use_feedback and self.feedback_in_params:
-            self.residual = _unflatten(flat - result.sent, contribution)
-        elif use_feedback:
-            self.error = flat - result.sent
+        self._flag(result.dropped)
+        self._took_feedback(contribution, flat, result.sent, use_feedback)
         return _unflatten(result.average, contribution), result.complete
 
-    def _flag(self, result) -> None:
-        for peer, why in result.dropped.items():
+    def _prepared(self, contribution: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """A one-pass codec's round: ``contribution`` flat with the error fed back, and what this peer sends (the
+        attack of a Byzantine bench applied) -> (flat, sent, whether error feedback is on)."""
+        flat = torch.cat([c.detach().float().cpu().reshape(-1) for c in contribution])
+        use_feedback = ((self.codec.lossy or self.outer_feedback) and self.compression.error_feedback
+                        and self.attack is None)
+        if use_feedback and self.error is not None:
+            flat = flat + self.feedback_decay * self.error
+        sent = self.attack(flat) if self.attack is not None else flat
+        return flat, sent, use_feedback
+
+    def _took_feedback(self, contribution: list[torch.Tensor], flat: torch.Tensor, decoded: torch.Tensor,
+                       use_feedback: bool) -> None:
+        """The round went through: keep what compression left out of ``flat`` (``decoded``: it as the reducers
+        decoded it) for the next round."""
+        if use_feedback and self.feedback_in_params:
+            self.residual = _unflatten(flat - decoded, contribution)
+        elif use_feedback:
+            self.error = flat - decoded
+
+    def _hosting(self, contribution: list[torch.Tensor], weight: float) -> Optional["_Hosting"]:
+        """This round's all-reduce rides with the board's meeting (:func:`~cotrain.averaging.allreduce.hosted`: a
+        vector the butterfly would give one reducer, a one-pass codec) -> what the meeting carries; else None."""
+        numel = sum(c.numel() for c in contribution)
+        if self.powersgd is not None or isinstance(self.codec, SparseLowBit) or not hosted(
+                numel, self.cfg.min_part_values):
+            return None
+        flat, sent, use_feedback = self._prepared(contribution)
+        piece, decoded = contribution_piece(sent, weight, self.codec)
+        return _Hosting(contribution, flat, decoded, use_feedback, piece, self.codec, self.aggregator)
+
+    def _flag(self, dropped: dict) -> None:
+        for peer, why in dropped.items():
             if "did not arrive" not in why:  # a late peer is slow, not bad
                 logger.warning("round %d: dropped the contribution of peer %s: %s", self.round, peer[-8:], why)
                 self.stats.flagged[peer] = why
@@ -949,6 +993,30 @@ class RoundAverager(abc.ABC):
         self._state_hash.shutdown()
         if self.averager is not None and self.averager.is_alive():
             self.averager.shutdown()
+
+
+@dataclass
+class _Hosting:
+    """A round whose all-reduce rides with the board's meeting: this peer's contribution (``piece``, with its meeting)
+    and, should it host the group, the reduction of the group's (:meth:`reduce`, called by groups.hold_meeting)."""
+
+    contribution: list
+    flat: torch.Tensor  # the contribution flat, error fed back
+    decoded: torch.Tensor  # what this peer sent, as the host decodes it
+    use_feedback: bool
+    piece: bytes
+    codec: Any
+    aggregator: Any
+    dropped: dict = field(default_factory=dict)  # the host's: contributions it left out, and why
+
+    def reduce(self, pieces: dict[str, bytes]) -> bytes:
+        return hosted_reduce(pieces, self.flat.numel(), self.codec, self.aggregator, self.dropped)
+
+    def average(self, result: bytes, group_size: int) -> tuple[list, bool]:
+        """The host's result -> (the average shaped like the contribution, whether every member's was in it).
+        Raises AllReduceFailed for a result that is none."""
+        count, average = hosted_average(result, self.flat.numel(), self.codec)
+        return _unflatten(average, self.contribution), count == group_size
 
 
 def admitted_group(gathered, info: dict, me: str, admission: Admission) -> list:

@@ -188,7 +188,8 @@ class AveragingConfig(_Section):
     #: the fewest values (of the flat update) one member of a group reduces: a small update is reduced by fewer
     #: members, a tiny one by one (in turn, round to round), a large one by every member others can dial (the
     #: butterfly). Every reducer costs each groupmate two requests; below ~100 KB a part's requests cost more than
-    #: its bytes (bench/rounds.py). 0: every dialable member reduces a part, whatever the size. A reducer sees the
+    #: its bytes (bench/rounds.py). An update of one reducer rides with the board's meeting, reduced by the group's
+    #: host (allreduce.hosted). 0: every dialable member reduces a part, whatever the size. A reducer sees the
     #: contributions to its part and could return anything for it: with fewer reducers, one dishonest member that
     #: reduces spoils more of a round (aggregation guards against dishonest contributions, not reducers)
     min_part_values: int = Field(65536, ge=0)

@@ -10,7 +10,9 @@ size sets the payload (the fp32 pseudo-gradient each node contributes). Each nod
 ``--warmup`` and the last, the wall time per round and the part of it that is not computing (``overhead``:
 matchmaking or the board's meeting, the all-reduce, the outer step), split further into the meeting (which includes
 waiting for the last groupmate to finish its step: on a shared machine, the others' compute) and the all-reduce, as
-the nodes report them. The fixed part of a round is the overhead at the smallest payload.
+the nodes report them. The fixed part of a round is the overhead at the smallest payload. A payload small enough
+for one reducer (``averaging.min_part_values``) is averaged at the meeting itself, by the group's host
+(``cotrain.averaging.allreduce.hosted``): its all-reduce column is then only the decoding of the host's result.
 """
 
 from __future__ import annotations

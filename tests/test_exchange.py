@@ -43,6 +43,23 @@ def pair(dhts):
             e.shutdown(linger_s=0)
 
 
+def test_a_piece_larger_than_the_fetch_expects_is_not_taken_in(pair):
+    """A member announcing more bytes than a part can hold (to fill the fetcher's memory) gets none of them read: the
+    fetch says the piece is not there, and counts it."""
+    fetcher, server, _, _ = pair
+    small, large = b"s" * 1000, b"l" * (3 * UNARY_MAX_BYTES)
+    server.publish("t11", "t11/small", small)
+    server.publish("t11", "t11/large", large)
+    before, received = fetcher.oversized_pieces, fetcher.bytes_received
+    for large_hint in (False, True):  # asked in one request first (the answer says: a stream), or streamed at once
+        assert fetcher.fetch_many([(server.peer_id, "t11/small"), (server.peer_id, "t11/large")], wait_s=5,
+                                  large=large_hint, max_bytes=999) == [None, None]
+    assert fetcher.oversized_pieces - before >= 4
+    assert fetcher.bytes_received == received
+    assert fetcher.fetch_many([(server.peer_id, "t11/small"), (server.peer_id, "t11/large")], wait_s=5,
+                              max_bytes=len(large)) == [small, large]
+
+
 def test_a_small_piece_is_one_request_and_a_large_one_a_stream(pair):
     fetcher, server, _, _ = pair
     small, large, empty = b"s" * 1000, bytes(range(256)) * (UNARY_MAX_BYTES // 256 + 5), b""

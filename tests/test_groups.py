@@ -159,7 +159,7 @@ class FakeTransport:
             self.board.pieces[(self.owner, key)] = data
             self.board.lock.notify_all()
 
-    def fetch_many(self, requests, wait_s):
+    def fetch_many(self, requests, wait_s, max_bytes=None):
         deadline = time.monotonic() + wait_s
         with self.board.lock:
             self.board.asked.extend(requests)
@@ -170,21 +170,23 @@ class FakeTransport:
             while True:
                 got = [self.board.pieces.get((peer, key)) for peer, key in requests]
                 left = deadline - time.monotonic()
-                if all(g is not None for g in got) or left <= 0:
-                    return got
+                if all(g is not None for g in got) or left <= 0:  # a piece larger than max_bytes is none
+                    return [None if g is not None and max_bytes is not None and len(g) > max_bytes else g
+                            for g in got]
                 self.board.lock.wait(left)
 
 
 def meet_all(plans: dict[str, list[str]], wait_s: float = 2.0, absent=(), subset: bool = False, gone=(),
              board=None, dial_out_only=(), walk_ins: bool = False, target: int = 0, waits=None,
-             reduced=None) -> dict:
+             reduced=None, payloads=None, max_rest: int = 0) -> dict:
     """Every peer of ``plans`` (peer -> the group it planned) holds its meeting on one board, in its own thread, at
     the host of its plan (its first member not in ``dial_out_only``); the peers in ``gone`` left the swarm (as the
     progress board would tell the others). ``walk_ins``: hosts take the peers that asked for their meeting, and a
     member follows its host to the host it names (every peer of ``plans`` is in each view). ``waits``: peer -> the
     peers whose request for its host's meeting it waits for before it comes (so that they walk in before it does).
     ``reduced``: a dict: the meetings carry an all-reduce (each peer's payload is its name), and each host's reduce
-    records there what it was given and returns the payloads joined."""
+    records there what it was given and returns the payloads joined; ``payloads``: peer -> its payload instead,
+    ``max_rest``: the most a piece may carry."""
     board, outcomes = board or Board(), {}
 
     def one(me, members):
@@ -202,8 +204,9 @@ def meet_all(plans: dict[str, list[str]], wait_s: float = 2.0, absent=(), subset
 
         outcomes[me] = hold_meeting(board.transport(me), me, mine, host, peers, wait_s, wait_s, admit_ok,
                                     subset=subset, gone=lambda peer: peer in gone, walk_ins=came, target=target,
-                                    follow=follow, payload=me.encode() if reduced is not None else b"",
-                                    reduce=reduce if reduced is not None else None)
+                                    follow=follow, reduce=reduce if reduced is not None else None,
+                                    payload=(payloads or {}).get(me, me.encode()) if reduced is not None else b"",
+                                    max_rest=max_rest)
 
     # daemons: a meeting that waits out a long wait_s it should not have waited leaves no outcome (the test fails on
     # it), and no thread holding the test run open
@@ -249,6 +252,18 @@ def test_the_host_of_a_shuffled_plan_takes_turns_and_a_newcomer_moves_it_only_wh
     for r in range(60):  # e joins: the host stays unless e is drawn
         assert host_of(members + ["e"], dialable, f"run/{r}") in (hosts[r], "e")
     assert host_of(members, dialable) == "a"  # no turn: the first of the order (an arrival order keeps its first)
+
+
+def test_a_member_whose_contribution_is_larger_than_one_can_be_is_not_taken_in():
+    reduced: dict = {}
+    outcomes = meet_all({p: ["a", "b", "c"] for p in "abc"}, reduced=reduced, subset=True,
+                        payloads={"c": b"x" * 10_000}, max_rest=100)
+    assert outcomes["a"].ok and outcomes["b"].ok and not outcomes["c"].ok
+    assert reduced == {"a": {"a": b"a", "b": b"b"}}
+    reduced.clear()  # a bound that holds it: c goes
+    outcomes = meet_all({p: ["a", "b", "c"] for p in "abc"}, reduced=reduced, payloads={"c": b"x" * 10_000},
+                        max_rest=10_000)
+    assert all(o.ok for o in outcomes.values()) and set(reduced["a"]) == {"a", "b", "c"}
 
 
 def test_a_piece_carries_a_rest_that_its_head_does_not_see():

@@ -85,7 +85,7 @@ def sparse_allgather(exchange: Exchange, tag: str, group: Sequence, me, vector: 
         raise AllReduceFailed("no groupmate can be dialled: nobody can relay payloads")
     wanted = [j for j in range(n) if j != mine]
     requests = [(group[sources[j]], f"{tag}/in/{names[j]}") for j in wanted]
-    fetched = dict(zip(wanted, exchange.fetch_many(requests, wait_s=timeout)))
+    fetched = dict(zip(wanted, exchange.fetch_many(requests, wait_s=timeout, max_bytes=limit)))
     fetched[mine] = own
     if mine == relay:
         for j in wanted:  # republish what the undialable peers sent, for each other

@@ -135,9 +135,9 @@ def butterfly_allreduce(exchange: Exchange, tag: str, group: Sequence, me, vecto
         own_result = struct.pack("<I", parts_in) + encoded_result
     # gather every reduced part
     requests = [(group[j], f"{tag}/out/{j}") for j in reducing if j != mine]
-    large = _streams(max(b - a for a, b in bounds))
-    fetched = dict(zip([j for j in reducing if j != mine], exchange.fetch_many(requests, wait_s=timeout,
-                                                                               large=large)))
+    largest = max(b - a for a, b in bounds)
+    fetched = dict(zip([j for j in reducing if j != mine], exchange.fetch_many(
+        requests, wait_s=timeout, large=_streams(largest), max_bytes=4 + encoded_bound(largest))))
     if mine in reducing:
         fetched[mine] = own_result
     for j in reducing:
@@ -160,7 +160,7 @@ def _reduce_part(exchange: Exchange, tag: str, group: list, names: list[str], mi
     (contributions aggregated, the encoded result). Contributions left out are named in ``dropped``."""
     a, b = bounds
     others = [(p, f"{tag}/in/{mine}/{name}") for p, name in zip(group, names) if name != names[mine]]
-    fetched = exchange.fetch_many(others, wait_s=timeout, large=_streams(b - a))
+    fetched = exchange.fetch_many(others, wait_s=timeout, large=_streams(b - a), max_bytes=8 + encoded_bound(b - a))
     count, encoded_result = _aggregate(names, _insert(fetched, mine, struct.pack("<d", weight) + own), b - a, codec,
                                        aggregator, dropped)
     exchange.publish(tag, f"{tag}/out/{mine}", struct.pack("<I", count) + encoded_result,
@@ -235,6 +235,13 @@ def hosted_average(result: bytes, numel: int, codec: Codec) -> tuple[int, torch.
         return count, codec.decode_result(result[4:], numel)
     except (ValueError, struct.error) as e:
         raise AllReduceFailed(f"the group's host sent a malformed result: {e}") from None
+
+
+def encoded_bound(values: int) -> int:
+    """The most bytes any one-pass codec's encoding of ``values`` values takes, with room for its header (top-k of
+    every value, or its result: a 4-byte index and an int8 value with its block's scale, about 5 bytes a value; fp32:
+    4): what a fetch of a part, a contribution or a result takes in at most from a peer."""
+    return 8 * values + 4096
 
 
 def _streams(values: int) -> bool:

@@ -51,6 +51,10 @@ UNARY_MAX_BYTES = 1 << 17
 PEER_ERRORS = (P2PDaemonError, P2PHandlerError, OSError, EOFError, DecodeError)
 
 
+def _oversized(size: int, max_bytes: Optional[int]) -> bool:
+    return max_bytes is not None and size > max_bytes
+
+
 async def _daemon_listen_maddr(_dht: DHT, node) -> Multiaddr:
     """Where the DHT's libp2p daemon listens for its clients (run in the DHT's process)."""
     return node.p2p.daemon_listen_maddr
@@ -110,6 +114,9 @@ class Exchange:
         self.unexpected_fetch_errors: dict[str, int] = {}
         #: requests of ours that peers refused (our credential expired or was revoked: we are not a member)
         self.refusals_received = 0
+        #: pieces peers offered that were larger than the fetch's ``max_bytes`` (not taken in)
+        self.oversized_pieces = 0
+        self._last_oversized_log = 0.0
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._published: Optional[asyncio.Condition] = None
@@ -289,10 +296,11 @@ class Exchange:
     # ---- fetching ------------------------------------------------------------------------------------------------
     async def _fetch(self, peer: PeerID, key: str, wait_s: float,
                      on_progress: Optional[Callable[[int, int], None]] = None, state: bool = False,
-                     large: bool = False) -> Optional[bytes]:
+                     large: bool = False, max_bytes: Optional[int] = None) -> Optional[bytes]:
         """A piece, or None. An all-reduce piece is asked for in one request first; the answer is the piece, or that
         it is to be streamed (it is large). States, and pieces the caller expects to be ``large`` (more than
-        ``UNARY_MAX_BYTES``), stream at once."""
+        ``UNARY_MAX_BYTES``), stream at once. A piece of more than ``max_bytes`` (as the peer announces it, or as
+        it comes) is none: it is not taken in."""
         request = pb.FetchRequest(key=key, wait_s=wait_s, credential=self.admission.credential())
         if not state and not large and on_progress is None:
             try:
@@ -307,14 +315,30 @@ class Exchange:
                 return None
             else:
                 if not answer.use_stream:
-                    return self._took_answer(peer, key, answer)
+                    return self._took_answer(peer, key, answer, max_bytes)
+                if _oversized(answer.total, max_bytes):
+                    self._oversized(peer, key, answer.total, max_bytes)
+                    return None
                 request.wait_s = 0.0  # it is published: the stream needs no wait
-        return await self._fetch_stream(peer, request, on_progress, state)
+        return await self._fetch_stream(peer, request, on_progress, state, max_bytes)
 
-    def _took_answer(self, peer: PeerID, key: str, answer: pb.FetchChunk) -> Optional[bytes]:
+    def _oversized(self, peer: PeerID, key: str, size: int, max_bytes: Optional[int]) -> None:
+        """A peer offered a piece larger than any the fetch expects: counted, logged at most every 10 s."""
+        self.oversized_pieces += 1
+        now = time.monotonic()
+        if now - self._last_oversized_log >= 10.0:
+            self._last_oversized_log = now
+            logger.warning("peer ...%s offered %d bytes for %s, more than the %d expected: not taken (%d such so far)",
+                           str(peer)[-8:], size, key, max_bytes, self.oversized_pieces)
+
+    def _took_answer(self, peer: PeerID, key: str, answer: pb.FetchChunk,
+                     max_bytes: Optional[int] = None) -> Optional[bytes]:
         if not answer.found:
             if answer.refused:
                 self._log_refused(peer, answer.refused[:200])
+            return None
+        if _oversized(len(answer.data), max_bytes):
+            self._oversized(peer, key, len(answer.data), max_bytes)
             return None
         if len(answer.data) != answer.total:
             logger.info("fetch %s from %s: got %d of %d bytes", key, str(peer)[-8:], len(answer.data), answer.total)
@@ -323,7 +347,8 @@ class Exchange:
         return answer.data
 
     async def _fetch_stream(self, peer: PeerID, request: pb.FetchRequest,
-                            on_progress: Optional[Callable[[int, int], None]], state: bool) -> Optional[bytes]:
+                            on_progress: Optional[Callable[[int, int], None]], state: bool,
+                            max_bytes: Optional[int] = None) -> Optional[bytes]:
         key = request.key
         pieces: list[bytes] = []  # joined once at the end: one copy of the piece, not one per chunk
         size = total = 0
@@ -337,6 +362,9 @@ class Exchange:
                 pieces.append(chunk.data)
                 size += len(chunk.data)
                 total = total or chunk.total
+                if _oversized(total, max_bytes):
+                    self._oversized(peer, key, total, max_bytes)
+                    return None
                 if state:
                     self.state_bytes_received += len(chunk.data)
                 else:
@@ -372,16 +400,17 @@ class Exchange:
             self._last_refused_log = now
             logger.warning("peer ...%s refused our request: %s", str(peer)[-8:], reason)
 
-    def fetch_many(self, requests: Sequence[tuple[PeerID, str]], wait_s: float,
-                   large: bool = False) -> list[Optional[bytes]]:
+    def fetch_many(self, requests: Sequence[tuple[PeerID, str]], wait_s: float, large: bool = False,
+                   max_bytes: Optional[int] = None) -> list[Optional[bytes]]:
         """Fetch every (peer, key) concurrently; None for a piece that did not come within ``wait_s``. ``large``: the
         pieces are expected to be larger than ``UNARY_MAX_BYTES`` (they stream at once; a wrong guess costs only
-        speed)."""
+        speed). ``max_bytes``: the most a piece may hold (None: no bound); a larger one is none, never taken in."""
 
         async def one(peer: PeerID, key: str) -> Optional[bytes]:
             deadline = time.monotonic() + wait_s
             for attempt in range(3):  # a broken stream is retried while time remains
-                data = await self._fetch(peer, key, max(0.0, deadline - time.monotonic()), large=large)
+                data = await self._fetch(peer, key, max(0.0, deadline - time.monotonic()), large=large,
+                                         max_bytes=max_bytes)
                 if data is not None or time.monotonic() >= deadline:
                     return data
                 await asyncio.sleep(0.2 * (attempt + 1))

@@ -115,6 +115,11 @@ def host_key(round_number: int, host: str) -> str:
 PIECE_WITH_REST = b"\x01"
 
 
+def _piece_bound(max_head: int, max_rest: int) -> int:
+    """The most bytes a piece of a head of up to ``max_head`` bytes and a rest of up to ``max_rest`` takes."""
+    return 5 + max_head + max_rest
+
+
 def join_piece(head: bytes, rest: bytes = b"") -> bytes:
     """A meeting's or roster's piece: ``head``, and ``rest`` riding on it (see :data:`PIECE_WITH_REST`)."""
     return PIECE_WITH_REST + struct.pack("<I", len(head)) + head + rest if rest else head
@@ -273,15 +278,18 @@ class Transport(Protocol):
 
     def publish(self, tag: str, key: str, data: bytes, readers: int = 0) -> None: ...
 
-    def fetch_many(self, requests: Sequence[tuple[Any, str]], wait_s: float) -> list[Optional[bytes]]: ...
+    def fetch_many(self, requests: Sequence[tuple[Any, str]], wait_s: float,
+                   max_bytes: Optional[int] = None) -> list[Optional[bytes]]: ...
 
 
 def fetch_until(transport: Transport, peers: Mapping[str, Any], key: str, wait_s: float,
                 stop: Optional[threading.Event] = None, retry_s: float = 0.1,
-                gone: Callable[[str], bool] = lambda peer: False) -> dict[str, Optional[bytes]]:
+                gone: Callable[[str], bool] = lambda peer: False,
+                max_bytes: Optional[int] = None) -> dict[str, Optional[bytes]]:
     """``key`` from every peer (id -> transport address), trying again whoever did not answer until ``wait_s`` has
     passed: a peer reachable only over a connection it opens (behind NAT) answers once it has come to the round.
-    ``gone(peer)``: the peer left the swarm (its record on the board says so): nobody asks it again."""
+    ``gone(peer)``: the peer left the swarm (its record on the board says so): nobody asks it again. ``max_bytes``:
+    the most a piece may hold (a larger one is none)."""
     stop = stop or threading.Event()
     deadline = time.monotonic() + wait_s
     received: dict[str, Optional[bytes]] = {}
@@ -291,7 +299,7 @@ def fetch_until(transport: Transport, peers: Mapping[str, Any], key: str, wait_s
         left = deadline - time.monotonic()
         if not missing or left <= 0 or stop.is_set():
             return received
-        got = transport.fetch_many([(peers[name], key) for name in missing], wait_s=left)
+        got = transport.fetch_many([(peers[name], key) for name in missing], wait_s=left, max_bytes=max_bytes)
         received.update(zip(missing, got))
         if not all(got):
             stop.wait(min(retry_s, max(0.0, deadline - time.monotonic())))
@@ -363,7 +371,7 @@ def hold_meeting(transport: Transport, me: str, mine: Meeting, host: str, peers:
                  gone: Callable[[str], bool] = lambda peer: False,
                  walk_ins: Optional[Callable[[], Mapping[str, Any]]] = None, target: int = 0,
                  follow: Callable[[str], Optional[tuple[str, Any]]] = lambda group: None, payload: bytes = b"",
-                 reduce: Optional[Callable[[dict[str, bytes]], bytes]] = None) -> Outcome:
+                 reduce: Optional[Callable[[dict[str, bytes]], bytes]] = None, max_rest: int = 0) -> Outcome:
     """This peer's side of a board group's meeting, whose ``host`` (:func:`host_of`) decides who goes.
 
     Every member publishes ``mine`` (naming the host: :func:`host_key`); the host fetches its planned groupmates'
@@ -385,14 +393,15 @@ def hold_meeting(transport: Transport, me: str, mine: Meeting, host: str, peers:
     A hosted all-reduce (:func:`cotrain.averaging.allreduce.hosted`) rides with the meeting: every member's
     ``payload`` (its contribution) goes with its meeting, the host calls ``reduce(payloads)`` (peer -> payload of
     those that go, its own included; empty: none came) and sends what it returns with its roster, as
-    ``Outcome.result``."""
+    ``Outcome.result``. ``max_rest``: the most bytes either may hold (a piece from a peer that holds more is none).
+    """
     if me == host:
         return _host_meeting(transport, me, mine, peers, wait_s, admitted, stop, subset, gone, walk_ins, target,
-                             payload, reduce)
+                             payload, reduce, max_rest)
     tag = meeting_tag(mine.round)
     transport.publish(tag, meeting_key(mine.round), join_piece(mine.encode(), payload))
     outcome = _joined(transport, me, mine, host, peers[host], wait_s, go_wait_s, admitted, stop, gone, follow,
-                      payload)
+                      payload, max_rest)
     if not outcome.ok:  # the host's next meeting must not read this one
         transport.publish(tag, meeting_key(mine.round), WITHDRAWN)
     return outcome
@@ -400,7 +409,7 @@ def hold_meeting(transport: Transport, me: str, mine: Meeting, host: str, peers:
 
 def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[str, Any], wait_s: float,
                   admitted, stop, subset: bool, gone, walk_ins, target: int, payload: bytes = b"",
-                  reduce: Optional[Callable[[dict[str, bytes]], bytes]] = None) -> Outcome:
+                  reduce: Optional[Callable[[dict[str, bytes]], bytes]] = None, max_rest: int = 0) -> Outcome:
     tag, key = meeting_tag(mine.round), meeting_key(mine.round)
     transport.publish(tag, key, mine.encode())
     stop = stop or threading.Event()
@@ -422,7 +431,8 @@ def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[s
         # walk-ins have published their meetings before asking for ours: their answers come at once. A planned
         # peer's request waits on its peer; with walk-ins possible, it is cut short to look for more of them
         got = transport.fetch_many([(peers[peer], key) for peer in missing] + [(a, key) for a in came.values()],
-                                   wait_s=min(left, WALK_IN_POLL_S) if walk_ins else left)
+                                   wait_s=min(left, WALK_IN_POLL_S) if walk_ins else left,
+                                   max_bytes=_piece_bound(MAX_MEETING_BYTES, max_rest))
         received.update(zip(missing, got))
         walked.update(zip(came, got[len(missing):]))
         if not all(got[:len(missing)]):  # a withdrawn meeting answers at once: not again at once
@@ -463,9 +473,11 @@ def _decoded(data: Optional[bytes], decode: Callable[[bytes], Any], missing: str
 
 
 def _joined(transport: Transport, me: str, mine: Meeting, host: str, address: Any, wait_s: float,
-            go_wait_s: float, admitted, stop, gone, follow=lambda group: None, payload: bytes = b"") -> Outcome:
+            go_wait_s: float, admitted, stop, gone, follow=lambda group: None, payload: bytes = b"",
+            max_rest: int = 0) -> Outcome:
     who = f"the group's host {host[-8:]}"
-    data = fetch_until(transport, {host: address}, meeting_key(mine.round), wait_s, stop, gone=gone).get(host)
+    data = fetch_until(transport, {host: address}, meeting_key(mine.round), wait_s, stop, gone=gone,
+                       max_bytes=_piece_bound(MAX_MEETING_BYTES, 0)).get(host)  # the host's own has no rest
     hosted, failed = _decoded(data, lambda piece: Meeting.decode(split_piece(piece)[0]),
                               f"{who} did not come to the round's meeting", f"{who} sent no meeting")
     if failed is not None:
@@ -476,10 +488,11 @@ def _joined(transport: Transport, me: str, mine: Meeting, host: str, address: An
             moved = dataclasses.replace(mine, group=hosted.group)
             transport.publish(meeting_tag(mine.round), meeting_key(mine.round), join_piece(moved.encode(), payload))
             return _joined(transport, me, moved, there[0], there[1], wait_s, go_wait_s, admitted, stop, gone,
-                           payload=payload)
+                           payload=payload, max_rest=max_rest)
     if hosted.round != mine.round or hosted.group != mine.group:
         return Outcome(False, f"{who} planned another group (round {hosted.round})", {}, disagreed=True)
-    data = transport.fetch_many([(address, roster_key(mine.round, hosted.attempt))], wait_s=wait_s + go_wait_s)[0]
+    data = transport.fetch_many([(address, roster_key(mine.round, hosted.attempt))], wait_s=wait_s + go_wait_s,
+                                max_bytes=_piece_bound(MAX_ROSTER_BYTES, max_rest))[0]
     result = b""
 
     def roster_of(piece: bytes) -> Roster:

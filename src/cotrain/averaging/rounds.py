@@ -36,8 +36,8 @@ from hivemind.utils import get_dht_time
 from cotrain.averaging.admission import Admission
 from cotrain.averaging.attacks import make_attack
 from cotrain.averaging.allgather import sparse_allgather
-from cotrain.averaging.allreduce import (AllReduceFailed, butterfly_allreduce, contribution_piece, group_tag, hosted,
-                                        hosted_average, hosted_reduce, weighted_mean)
+from cotrain.averaging.allreduce import (AllReduceFailed, butterfly_allreduce, contribution_piece, encoded_bound,
+                                        group_tag, hosted, hosted_average, hosted_reduce, weighted_mean)
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.groups import (Meeting, group_of, hold_meeting, host_key, host_of, kept_group, meeting_key,
                                      plan_arrival_groups, plan_groups)
@@ -783,7 +783,8 @@ class RoundAverager(abc.ABC):
                                self.cfg.request_timeout, admitted, self._stop, subset=not launch.early, gone=gone,
                                walk_ins=lambda: self._walk_ins(launch.round), target=self.cfg.target_group_size,
                                follow=follow, payload=hosting.piece if hosting else b"",
-                               reduce=hosting.reduce if hosting else None)
+                               reduce=hosting.reduce if hosting else None,
+                               max_rest=8 + encoded_bound(hosting.flat.numel()) if hosting else 0)
         if not outcome.ok:
             logger.info("round %d: the board's group did not meet (%s)", launch.round, outcome.reason)
             return None, outcome.reason, outcome.disagreed

@@ -266,6 +266,16 @@ def test_a_member_whose_contribution_is_larger_than_one_can_be_is_not_taken_in()
     assert all(o.ok for o in outcomes.values()) and set(reduced["a"]) == {"a", "b", "c"}
 
 
+def test_a_member_whose_host_is_a_member_elsewhere_learns_that_it_planned_another_group():
+    # c's view made b the host of {b, c}; b went to a's meeting as a member, its contribution with its meeting
+    reduced: dict = {}
+    payloads = {p: p.encode() * 5_000 for p in "abc"}
+    outcomes = meet_all({"a": ["a", "b"], "b": ["a", "b"], "c": ["b", "c"]}, reduced=reduced, payloads=payloads,
+                        max_rest=10_000, wait_s=1.0)
+    assert outcomes["a"].ok and outcomes["b"].ok
+    assert not outcomes["c"].ok and outcomes["c"].disagreed, outcomes["c"]
+
+
 def test_a_piece_carries_a_rest_that_its_head_does_not_see():
     head = meeting(group=host_key(4, "a")).encode()
     assert join_piece(head) == head and split_piece(head) == (head, b"")  # nothing riding: the meeting as it is

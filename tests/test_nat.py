@@ -108,11 +108,14 @@ def assert_one_model(rows: dict, finals: dict, rounds: int = ROUNDS) -> None:
         assert metrics["bytes_sent"] > 0 and metrics["bytes_received"] > 0, (name, metrics)
     # what the nodes served for averaging is what their groupmates fetched (state downloads count separately), but
     # for a stream cut short: a server counts a chunk as it hands it to the daemon, a fetcher as it arrives, and a
-    # fetch that gave up mid-piece (a member past its round's wait) leaves the difference; once, 1,273 bytes
+    # fetch that gave up mid-piece (a member past its round's wait) leaves the difference; once, 1,273 bytes. Since
+    # a host's roster carries the round's result (the tiny model's update, fp32: 167 KB, one chunk), one such piece
+    # is a whole result: once, under make test's load, 175 KB. Allowed: one piece
+    piece = 4 * sum(t.numel() for t in finals[names[0]].model_state().values()) + 16_384
     sent = sum(rows[n]["metrics"]["bytes_sent"] for n in names)
     received = sum(rows[n]["metrics"]["bytes_received"] for n in names)
-    assert abs(sent - received) <= 0.02 * sent, {n: (rows[n]["metrics"]["bytes_sent"],
-                                                    rows[n]["metrics"]["bytes_received"]) for n in names}
+    assert abs(sent - received) <= 0.02 * sent + piece, {
+        n: (rows[n]["metrics"]["bytes_sent"], rows[n]["metrics"]["bytes_received"]) for n in names}
 
     histories = {n: dict(map(tuple, finals[n].metadata["rounds"])) for n in names}
     everyone = [r for r in range(rounds) if all(h.get(r) == len(names) for h in histories.values())]

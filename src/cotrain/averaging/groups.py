@@ -476,8 +476,10 @@ def _joined(transport: Transport, me: str, mine: Meeting, host: str, address: An
             go_wait_s: float, admitted, stop, gone, follow=lambda group: None, payload: bytes = b"",
             max_rest: int = 0) -> Outcome:
     who = f"the group's host {host[-8:]}"
+    # a host's own meeting carries nothing, but a peer this member's view made host may be a member of another
+    # group in its own (its meeting carries its contribution): that is "planned another group", not "did not come"
     data = fetch_until(transport, {host: address}, meeting_key(mine.round), wait_s, stop, gone=gone,
-                       max_bytes=_piece_bound(MAX_MEETING_BYTES, 0)).get(host)  # the host's own has no rest
+                       max_bytes=_piece_bound(MAX_MEETING_BYTES, max_rest)).get(host)
     hosted, failed = _decoded(data, lambda piece: Meeting.decode(split_piece(piece)[0]),
                               f"{who} did not come to the round's meeting", f"{who} sent no meeting")
     if failed is not None:

@@ -75,9 +75,9 @@ def test_a_kept_groups_member_reads_no_board_until_its_meeting_failed():
     from cotrain.averaging.rounds import RoundAverager
 
     def paused(kept, round_number, met_round, group_rounds=4):
-        peer = SimpleNamespace(_kept=kept, round=round_number, _met_round=met_round,
+        peer = SimpleNamespace(_kept=kept, round=round_number, _met_round=met_round, peer_id="a",
                                cfg=SimpleNamespace(group_rounds=group_rounds))
-        peer._kept_group = lambda: RoundAverager._kept_group(peer)
+        peer._kept_group = lambda: kept_group(kept, round_number, group_rounds)
         return RoundAverager._reads_paused(peer)
 
     assert paused((4, ("a", "b")), 5, met_round=4)  # round 5 meets round 4's group from its roster
@@ -85,6 +85,13 @@ def test_a_kept_groups_member_reads_no_board_until_its_meeting_failed():
     assert not paused((7, ("a", "b")), 8, met_round=7)  # a deal's first round plans from its new shard
     assert not paused((4, ("a", "b")), 5, met_round=4, group_rounds=1)  # groups planned every round
     assert not paused(None, 5, met_round=4)  # no group of the round before
+
+
+def test_a_kept_group_none_of_whose_other_members_is_on_the_board_is_no_group():
+    # a and c went ahead, took their last round and left; b, late, would have waited for them at every round
+    assert kept_group((4, ("a", "b", "c")), 5, 4, present=lambda peer: peer == "c", me="b") == ["a", "b", "c"]
+    assert kept_group((4, ("a", "b", "c")), 5, 4, present=lambda peer: peer == "b", me="b") is None
+    assert kept_group((4, ("a", "b", "c")), 5, 4, present=lambda peer: False, me="b") is None
 
 
 def test_host_key_names_the_round_and_the_host():

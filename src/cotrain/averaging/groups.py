@@ -74,13 +74,19 @@ def plan_arrival_groups(arrivals: Sequence[tuple[float, str]], target_group_size
     return [members[i:i + size] for i in range(0, len(members), size)]
 
 
-def kept_group(kept: Optional[tuple[int, Sequence[str]]], round_number: int,
-               group_rounds: int) -> Optional[list[str]]:
+def kept_group(kept: Optional[tuple[int, Sequence[str]]], round_number: int, group_rounds: int,
+               present: Optional[Callable[[str], bool]] = None, me: str = "") -> Optional[list[str]]:
     """The group that averaged at the round before, when it stays together for ``round_number``
     (averaging.group_rounds > 1, and ``round_number`` is no multiple of it): its members, as the host's roster listed
     them, so that all of them plan the same group without reading the board. ``kept``: (the round it met at, its
-    members), or None. None: plan this round's groups from the board."""
+    members), or None. None: plan this round's groups from the board.
+
+    ``present(peer)``: whether the board still shows a member (a live record). A group none of whose other members
+    (``me`` is this peer) is still there is no group: its members went ahead and left the swarm, and a peer that
+    kept meeting them waited for a host that never came, round after round."""
     if group_rounds <= 1 or kept is None or kept[0] != round_number - 1 or round_number % group_rounds == 0:
+        return None
+    if present is not None and not any(present(peer) for peer in kept[1] if peer != me):
         return None
     return list(kept[1])
 

@@ -565,8 +565,12 @@ class RoundAverager(abc.ABC):
         """The group this peer averaged with at the round before, when it stays together for this round
         (averaging.group_rounds > 1, and this round is no multiple of it): every member, this one included, as the
         host's roster listed them, so that all of them plan the same group without reading the board. None when
-        groups are planned from the board this round."""
-        return kept_group(self._kept, self.round, self.cfg.group_rounds)
+        groups are planned from the board this round, or when none of its other members is on the board any more: the
+        last read showed none of them (their records expired) or showed them gone. Not judged by the records' age:
+        while the group is kept, reads pause (:meth:`_reads_paused`) and its members' records only grow older."""
+        present = {p.peer_id for p in self._peers if p.phase != "left"}
+        return kept_group(self._kept, self.round, self.cfg.group_rounds, present=present.__contains__,
+                          me=self.peer_id)
 
     def _fresh_view_due(self) -> bool:
         """On a sharded board the early meeting waits for a read of the shard begun once this peer took its H steps

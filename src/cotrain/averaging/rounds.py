@@ -788,7 +788,7 @@ class RoundAverager(abc.ABC):
                                walk_ins=lambda: self._walk_ins(launch.round), target=self.cfg.target_group_size,
                                follow=follow, payload=hosting.piece if hosting else b"",
                                reduce=hosting.reduce if hosting else None,
-                               max_rest=8 + encoded_bound(hosting.flat.numel()) if hosting else 0)
+                               max_rest=hosting.max_rest if hosting else 0)
         if not outcome.ok:
             logger.info("round %d: the board's group did not meet (%s)", launch.round, outcome.reason)
             return None, outcome.reason, outcome.disagreed
@@ -845,7 +845,9 @@ class RoundAverager(abc.ABC):
                 return RoundResult(Kind.FAILED, why, meet_s=time.monotonic() - started)
         met = time.monotonic()
         group, info, hosted_result = formed
-        if hosting is not None and from_board:  # the host reduced at the meeting: its result came with the roster
+        # the host reduced at the meeting: its result came with the roster
+        by_host = hosting is not None and from_board
+        if by_host:
             self._flag(hosting.dropped)
         if len(group) < 2:
             return RoundResult(Kind.FAILED, "no admitted groupmate", meet_s=met - started)
@@ -857,7 +859,7 @@ class RoundAverager(abc.ABC):
         differ = len({str(v.get("hash")) for v in info.values()}) > 1
         state = None
         try:
-            if hosting is not None and from_board:
+            if by_host:
                 average, complete = hosting.average(hosted_result, len(group))
                 self._took_feedback(hosting.contribution, hosting.flat, hosting.decoded, hosting.use_feedback)
             else:
@@ -874,7 +876,7 @@ class RoundAverager(abc.ABC):
         return RoundResult(kind, reason, average, len(group), partial, others_samples(self.peer_id, info),
                            members_of(group, self.peer_id), from_board, meet_s=met - started,
                            allreduce_s=time.monotonic() - met, state=state, donors=donors,
-                           hosted=hosting is not None and from_board)
+                           hosted=by_host)
 
     def _average_states(self, tag: str, group, me, reducers: Sequence[bool]) -> list[torch.Tensor]:
         """averaging.state_averaging: the group's mean of its members' shared states, losslessly (each member
@@ -1013,6 +1015,11 @@ class _Hosting:
     codec: Any
     aggregator: Any
     dropped: dict = field(default_factory=dict)  # the host's: contributions it left out, and why
+
+    @property
+    def max_rest(self) -> int:
+        """The most bytes a groupmate's contribution, or the host's result, may take (a larger piece is none)."""
+        return 8 + encoded_bound(self.flat.numel())
 
     def reduce(self, pieces: dict[str, bytes]) -> bytes:
         return hosted_reduce(pieces, self.flat.numel(), self.codec, self.aggregator, self.dropped)

@@ -17,6 +17,7 @@ of one round meet), run a butterfly all-reduce of their compressed contributions
 from __future__ import annotations
 
 import abc
+import functools
 import logging
 import math
 import multiprocessing as mp
@@ -25,7 +26,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from hivemind.averaging import DecentralizedAverager
@@ -861,7 +862,6 @@ class RoundAverager(abc.ABC):
         try:
             if by_host:
                 average, complete = hosting.average(hosted_result, len(group))
-                self._took_feedback(hosting.contribution, hosting.flat, hosting.decoded, hosting.use_feedback)
             else:
                 average, complete = self._allreduce(launch.contribution, tag, group, me, weight, reducers)
             if self.cfg.state_averaging and differ:
@@ -948,9 +948,7 @@ class RoundAverager(abc.ABC):
         if self.powersgd is not None or isinstance(self.codec, SparseLowBit) or not hosted(
                 numel, self.cfg.min_part_values):
             return None
-        flat, sent, use_feedback = self._prepared(contribution)
-        piece, decoded = contribution_piece(sent, weight, self.codec)
-        return _Hosting(contribution, flat, decoded, use_feedback, piece, self.codec, self.aggregator)
+        return _Hosting(contribution, numel, weight, self)
 
     def _flag(self, dropped: dict) -> None:
         for peer, why in dropped.items():
@@ -1005,29 +1003,42 @@ class RoundAverager(abc.ABC):
 @dataclass
 class _Hosting:
     """A round whose all-reduce rides with the board's meeting: this peer's contribution (``piece``, with its meeting)
-    and, should it host the group, the reduction of the group's (:meth:`reduce`, called by groups.hold_meeting)."""
+    and, should it host the group, the reduction of the group's (:meth:`reduce`, called by groups.hold_meeting).
+    The piece is encoded when the meeting first asks for it: a try that finds no group on the board (a peer waiting
+    for its shardmates tries at every step) encodes nothing."""
 
     contribution: list
-    flat: torch.Tensor  # the contribution flat, error fed back
-    decoded: torch.Tensor  # what this peer sent, as the host decodes it
-    use_feedback: bool
-    piece: bytes
-    codec: Any
-    aggregator: Any
+    numel: int
+    weight: float
+    averager: "RoundAverager"
     dropped: dict = field(default_factory=dict)  # the host's: contributions it left out, and why
+
+    @functools.cached_property
+    def _sent(self) -> tuple[torch.Tensor, torch.Tensor, bool, bytes]:
+        """(the contribution flat with the error fed back, what this peer sent as the host decodes it, whether error
+        feedback is on, the piece)."""
+        flat, sent, use_feedback = self.averager._prepared(self.contribution)
+        piece, decoded = contribution_piece(sent, self.weight, self.averager.codec)
+        return flat, decoded, use_feedback, piece
+
+    @property
+    def piece(self) -> bytes:
+        return self._sent[3]
 
     @property
     def max_rest(self) -> int:
         """The most bytes a groupmate's contribution, or the host's result, may take (a larger piece is none)."""
-        return 8 + encoded_bound(self.flat.numel())
+        return 8 + encoded_bound(self.numel)
 
     def reduce(self, pieces: dict[str, bytes]) -> bytes:
-        return hosted_reduce(pieces, self.flat.numel(), self.codec, self.aggregator, self.dropped)
+        return hosted_reduce(pieces, self.numel, self.averager.codec, self.averager.aggregator, self.dropped)
 
     def average(self, result: bytes, group_size: int) -> tuple[list, bool]:
-        """The host's result -> (the average shaped like the contribution, whether every member's was in it).
-        Raises AllReduceFailed for a result that is none."""
-        count, average = hosted_average(result, self.flat.numel(), self.codec)
+        """The host's result -> (the average shaped like the contribution, whether every member's was in it), and
+        the error compression left out kept for the next round. Raises AllReduceFailed for a result that is none."""
+        count, average = hosted_average(result, self.numel, self.averager.codec)
+        flat, decoded, use_feedback, _ = self._sent
+        self.averager._took_feedback(self.contribution, flat, decoded, use_feedback)
         return _unflatten(average, self.contribution), count == group_size
 
 

@@ -10,7 +10,10 @@ size sets the payload (the fp32 pseudo-gradient each node contributes). Each nod
 ``--warmup`` and the last, the wall time per round and the part of it that is not computing (``overhead``:
 matchmaking or the board's meeting, the all-reduce, the outer step), split further into the meeting (which includes
 waiting for the last groupmate to finish its step: on a shared machine, the others' compute) and the all-reduce, as
-the nodes report them. The fixed part of a round is the overhead at the smallest payload. A payload small enough
+the nodes report them. The fixed part of a round is the overhead at the smallest payload. On a machine shared by
+the whole swarm the wall time of a round is set by the CPU it costs: ``cpu ms`` is the CPU time a node spent per
+round, its own process and what it started (hivemind's DHT process, the libp2p daemon), read from ``/proc`` at the
+same rounds (``helpers ms`` is the latter part). ``nodes x cpu ms / cores`` is the least a round can take here. A payload small enough
 for one reducer (``averaging.min_part_values``) is averaged at the meeting itself, by the group's host
 (``cotrain.averaging.allreduce.hosted``): its all-reduce column is then only the decoding of the host's result.
 """
@@ -26,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import Swarm, bench_parser, default_text, lstm_config, print_table, work_folder, write_json  # noqa: E402
 
-from cotrain.config import RunConfig  # noqa: E402
+from cotrain.config import AveragingConfig, RunConfig  # noqa: E402
+from cotrain.footprint import PROC, TICKS, process_tree  # noqa: E402
 from cotrain.models import build_model, count_parameters  # noqa: E402
 
 
@@ -36,7 +40,7 @@ def make_config(args, nodes: int, hidden: int, formation: str) -> RunConfig:
         optimizer={"lr": 1e-3, "grad_clip": 1.0},
         averaging={"strategy": "diloco", "inner_steps": 1, "group_formation": formation,
                    "matchmaking_time": args.matchmaking_time, "request_timeout": args.matchmaking_time * 0.75,
-                   "progress_interval": 0.5, "target_group_size": nodes, "round_wait": 30.0,
+                   "progress_interval": args.progress_interval, "target_group_size": nodes, "round_wait": 30.0,
                    "allreduce_timeout": 120.0},
         compression={"kind": "none"})
 
@@ -48,43 +52,62 @@ def read_status(path: Path) -> dict:
         return {}
 
 
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(CPU seconds of process ``pid``, of it and its descendants), user and system, from /proc (0 when gone)."""
+    own = tree = 0.0
+    for each in process_tree(pid):
+        try:
+            stat = (PROC / str(each) / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            cpu = (int(fields[11]) + int(fields[12])) / TICKS
+        except (OSError, ValueError, IndexError):
+            continue  # exited while we looked
+        tree += cpu
+        own += cpu if each == pid else 0.0
+    return own, tree
+
+
 def one_run(args, nodes: int, hidden: int, formation: str) -> dict:
     cfg = make_config(args, nodes, hidden, formation)
     payload = 4 * count_parameters(build_model(cfg))
     names = [f"node-{i}" for i in range(nodes)]
-    # round -> (wall_s, compute_s, meet_s, allreduce_s) as the node reported them when it got to the round
-    seen: dict[str, dict[int, tuple[float, float, float, float]]] = {name: {} for name in names}
+    # round -> (wall_s, compute_s, meet_s, allreduce_s, cpu_s of the node, of its process tree) as the node reported
+    # them when it got to the round (the CPU read then)
+    seen: dict[str, dict[int, tuple[float, ...]]] = {name: {} for name in names}
     groups = {name: (0, 0) for name in names}  # (formed from the board, matchmade), as each node last reported
     with work_folder("cotrain-rounds-", keep=args.keep) as tmp, Swarm(cfg, tmp) as swarm:
         procs = [swarm.start_node(name, ["--threads", "1", "--wait-peers", str(nodes), "--max-rounds",
                                          str(args.rounds)]) for name in names]
         deadline = time.monotonic() + args.timeout
         while any(p.alive() for p in procs) and time.monotonic() < deadline:
-            for name in names:
+            for name, proc in zip(names, procs):
                 status = read_status(tmp / name / "status.json")
                 if status and status["round"] not in seen[name]:
                     seen[name][status["round"]] = (status["wall_s"], status["compute_s"], status["meet_s"],
-                                                   status["allreduce_s"])
+                                                   status["allreduce_s"], *cpu_seconds(proc.pid))
                     groups[name] = (status["groups_from_board"], status["groups_matchmade"])
             time.sleep(0.02)
         codes = swarm.stop_nodes()
     if any(codes):
         raise RuntimeError(f"node exit codes {codes} (run again with --keep to read their logs)")
-    per_round, overhead, meet, allreduce = [], [], [], []
+    per_round, overhead, meet, allreduce, cpu, helpers = [], [], [], [], [], []
     for name in names:
         rounds = sorted(r for r in seen[name] if r >= args.warmup)
         if len(rounds) < 2:
             raise RuntimeError(f"{name}: saw rounds {sorted(seen[name])}; raise --rounds above --warmup + 1")
-        (w0, c0, m0, a0), (w1, c1, m1, a1) = seen[name][rounds[0]], seen[name][rounds[-1]]
+        (w0, c0, m0, a0, o0, t0), (w1, c1, m1, a1, o1, t1) = seen[name][rounds[0]], seen[name][rounds[-1]]
         count = rounds[-1] - rounds[0]
         per_round.append((w1 - w0) / count)
         overhead.append(((w1 - c1) - (w0 - c0)) / count)
         meet.append((m1 - m0) / count)
         allreduce.append((a1 - a0) / count)
+        cpu.append((t1 - t0) / count)
+        helpers.append(((t1 - o1) - (t0 - o0)) / count)
     board, matchmade = map(sum, zip(*groups.values()))
     return dict(formation=formation, nodes=nodes, hidden=hidden, payload_bytes=payload,
                 round_s=sum(per_round) / nodes, overhead_s=sum(overhead) / nodes, meet_s=sum(meet) / nodes,
-                allreduce_s=sum(allreduce) / nodes, groups_from_board=board, groups_matchmade=matchmade)
+                allreduce_s=sum(allreduce) / nodes, cpu_s=sum(cpu) / nodes, helpers_cpu_s=sum(helpers) / nodes,
+                groups_from_board=board, groups_matchmade=matchmade)
 
 
 def main() -> None:
@@ -96,6 +119,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3, help="rounds left out of the figures (start-up)")
     parser.add_argument("--matchmaking-time", type=float, default=2.0)
+    parser.add_argument("--progress-interval", type=float, default=AveragingConfig().progress_interval,
+                        help="seconds between a node's board records and reads (the board's traffic is per second, "
+                             "not per round: on a shared machine it takes CPU from the rounds)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take")
     parser.add_argument("--keep", action="store_true", help="keep the runs' folders (logs, state)")
     parser.add_argument("--json", default=None)
@@ -112,9 +138,10 @@ def main() -> None:
                       flush=True)
     print_table(f"Round time on loopback, H=1, rounds {args.warmup}..{args.rounds} ({len(rows)} runs)",
                 ["formation", "nodes", "payload MB", "round ms", "overhead ms", "meeting ms", "all-reduce ms",
-                 "board groups", "matchmade"],
+                 "cpu ms", "helpers ms", "board groups", "matchmade"],
                 [[r["formation"], r["nodes"], r["payload_bytes"] / 1e6, r["round_s"] * 1e3, r["overhead_s"] * 1e3,
-                  r["meet_s"] * 1e3, r["allreduce_s"] * 1e3, r["groups_from_board"], r["groups_matchmade"]]
+                  r["meet_s"] * 1e3, r["allreduce_s"] * 1e3, r["cpu_s"] * 1e3, r["helpers_cpu_s"] * 1e3,
+                  r["groups_from_board"], r["groups_matchmade"]]
                  for r in rows])
     write_json(args.json, {"runs": rows, "rounds": args.rounds, "warmup": args.warmup})
 

@@ -1,8 +1,9 @@
-"""Outage: one warning when a repeated failure starts, a reminder per interval, one line when it is over."""
+"""Outage: one warning when a repeated failure starts, a reminder per interval, one line when it is over. Repeats:
+one line of a kind per interval, with the count of those in between."""
 
 import logging
 
-from cotrain.outage import Outage
+from cotrain.outage import Outage, Repeats
 
 
 class Clock:
@@ -44,3 +45,29 @@ def test_an_unexpected_failure_is_an_error_with_its_traceback(caplog):
         outage.failed(e, expected=False)
     [record] = records(caplog, logging.ERROR)
     assert record.exc_info is not None and record.exc_info[0] is KeyError
+
+
+def test_repeats_log_one_line_of_a_kind_per_interval_and_count_the_rest(caplog):
+    caplog.set_level(logging.DEBUG, logger="t")
+    clock = Clock()
+    news = Repeats(logging.getLogger("t"), every_s=10, clock=clock)
+    for n in range(25):  # ten rounds a second for 2.5 s, then one more after 10 s
+        news.info("done with 3", "round %d done", n)
+        clock.now += 0.1
+    assert [r.getMessage() for r in records(caplog, logging.INFO)] == ["round 0 done"]
+    assert len(records(caplog, logging.DEBUG)) == 24
+    news.info("a peer left", "round %d: %s", 25, "a peer left")  # another kind: at once
+    clock.now = 12.0
+    news.info("done with 3", "round %d done", 26)
+    assert [r.getMessage() for r in records(caplog, logging.INFO)] == [
+        "round 0 done", "round 25: a peer left", "round 26 done (and 24 like it since, at debug level)"]
+
+
+def test_repeats_remember_a_bounded_number_of_kinds():
+    clock = Clock()
+    news = Repeats(logging.getLogger("t"), every_s=10, max_kinds=3, clock=clock)
+    assert [news.due(f"peer {i}") for i in range(5)] == [0, 0, 0, 0, 0]
+    assert news.due("peer 4") is None  # remembered: quiet
+    assert news.due("peer 0") == 0  # forgotten (the oldest): loud again
+    every = Repeats(logging.getLogger("t"), every_s=0, clock=clock)
+    assert [every.due("x"), every.due("x")] == [0, 0]  # 0 s: every line at info level

@@ -21,13 +21,15 @@ for one reducer (``averaging.min_part_values``) is averaged at the meeting itsel
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Swarm, bench_parser, default_text, lstm_config, print_table, work_folder, write_json  # noqa: E402
+from common import (Swarm, bench_parser, default_text, lstm_config, print_table, stop_all, stopped_on_exit,  # noqa: E402
+                    work_folder, write_json)
 
 from cotrain.config import AveragingConfig, RunConfig  # noqa: E402
 from cotrain.footprint import PROC, TICKS, process_tree  # noqa: E402
@@ -110,12 +112,55 @@ def one_run(args, nodes: int, hidden: int, formation: str) -> dict:
                 groups_from_board=board, groups_matchmade=matchmade)
 
 
+def ddp_run(args, nodes: int, hidden: int) -> dict:
+    """The same model, data and batches in ``nodes`` ranks of torch DDP (gloo, bench/ddp_worker.py): gradients
+    averaged at every step, as the swarm's rounds at H=1 average the update. A step's wall time is its round. Rank 0
+    evaluates every ``--ddp-eval-every`` steps and writes when (its evaluations taken out); the figures are taken
+    between its second evaluation and its last, like the nodes' between ``--warmup`` and the last round."""
+    from wan import NsProc  # a command in its own process group, logged to a file
+
+    cfg = make_config(args, nodes, hidden, "board")
+    payload = 4 * count_parameters(build_model(cfg))
+    seen: list[tuple[int, float, float]] = []  # (step, elapsed_s, CPU seconds of every rank) at each evaluation
+    with work_folder("cotrain-rounds-ddp-", keep=args.keep) as tmp, stopped_on_exit(timeout=10) as ranks:
+        (tmp / "run.toml").write_text(cfg.to_toml())
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            master = f"127.0.0.1:{free.getsockname()[1]}"
+        out, t0 = tmp / "evals.jsonl", time.time()
+        for rank in range(nodes):
+            ranks.append(NsProc(f"ddp-{rank}", [
+                sys.executable, str(Path(__file__).resolve().parent / "ddp_worker.py"), "--config",
+                str(tmp / "run.toml"), "--rank", str(rank), "--world-size", str(nodes), "--master", master,
+                "--t0", repr(t0), "--budget-s", str(args.ddp_budget_s), "--target-val-loss", "0",
+                "--eval-every", str(args.ddp_eval_every), "--out", str(out)], tmp / f"ddp-{rank}.log"))
+        deadline = time.monotonic() + args.timeout
+        while any(p.alive() for p in ranks) and time.monotonic() < deadline:
+            lines = out.read_text().splitlines() if out.exists() else []
+            if len(lines) > len(seen) and lines[-1].endswith("}"):
+                last = json.loads(lines[-1])
+                seen.append((last["step"], last["elapsed_s"], sum(cpu_seconds(p.popen.pid)[1] for p in ranks)))
+            if any(p.popen.poll() not in (None, 0) for p in ranks):
+                break
+            time.sleep(0.02)
+        codes = stop_all(ranks, timeout=10)
+        if any(codes) or len(seen) < 3:
+            raise RuntimeError(f"ddp: exit codes {codes}, {len(seen)} evaluations (raise --ddp-budget-s); last "
+                               f"lines of rank 0:\n{ranks[0].tail(1500)}")
+    (s0, e0, c0), (s1, e1, c1) = seen[1], seen[-1]
+    steps = s1 - s0
+    return dict(formation="ddp", nodes=nodes, hidden=hidden, payload_bytes=payload, round_s=(e1 - e0) / steps,
+                overhead_s=None, meet_s=None, allreduce_s=None, cpu_s=(c1 - c0) / steps / nodes, helpers_cpu_s=None,
+                groups_from_board=0, groups_matchmade=0)
+
+
 def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 4], help="group sizes (one group per run)")
     parser.add_argument("--hidden", type=int, nargs="+", default=[32, 256, 1024], help="LSTM sizes (payload)")
     parser.add_argument("--formations", nargs="+", default=["board", "matchmaking"],
-                        choices=["board", "board_only", "matchmaking"])
+                        choices=["board", "board_only", "matchmaking", "ddp"],
+                        help="how groups form; ddp: torch DDP's ranks instead of nodes, side by side")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3, help="rounds left out of the figures (start-up)")
     parser.add_argument("--matchmaking-time", type=float, default=2.0)
@@ -124,6 +169,8 @@ def main() -> None:
                              "not per round: on a shared machine it takes CPU from the rounds)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take")
     parser.add_argument("--keep", action="store_true", help="keep the runs' folders (logs, state)")
+    parser.add_argument("--ddp-budget-s", type=float, default=20.0, help="ddp: seconds of training a run")
+    parser.add_argument("--ddp-eval-every", type=int, default=50, help="ddp: steps between rank 0's evaluations")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     args.data = args.data or default_text()
@@ -131,17 +178,24 @@ def main() -> None:
     for nodes in args.nodes:
         for hidden in args.hidden:
             for formation in args.formations:
-                row = one_run(args, nodes, hidden, formation)
+                row = ddp_run(args, nodes, hidden) if formation == "ddp" else one_run(args, nodes, hidden, formation)
                 rows.append(row)
+                apart = "" if row["overhead_s"] is None else f", of which not computing {row['overhead_s'] * 1e3:7.1f} ms"
                 print(f"  {formation:11s} {nodes} nodes, {row['payload_bytes'] / 1e6:6.2f} MB: round "
-                      f"{row['round_s'] * 1e3:7.1f} ms, of which not computing {row['overhead_s'] * 1e3:7.1f} ms",
-                      flush=True)
+                      f"{row['round_s'] * 1e3:7.1f} ms{apart}", flush=True)
+    ddp = {(r["nodes"], r["hidden"]): r["round_s"] for r in rows if r["formation"] == "ddp"}
+    for r in rows:
+        r["vs_ddp"] = r["round_s"] / ddp[r["nodes"], r["hidden"]] if (r["nodes"], r["hidden"]) in ddp else None
+    def ms(value):
+        return "-" if value is None else value * 1e3
+
     print_table(f"Round time on loopback, H=1, rounds {args.warmup}..{args.rounds} ({len(rows)} runs)",
-                ["formation", "nodes", "payload MB", "round ms", "overhead ms", "meeting ms", "all-reduce ms",
-                 "cpu ms", "helpers ms", "board groups", "matchmade"],
-                [[r["formation"], r["nodes"], r["payload_bytes"] / 1e6, r["round_s"] * 1e3, r["overhead_s"] * 1e3,
-                  r["meet_s"] * 1e3, r["allreduce_s"] * 1e3, r["cpu_s"] * 1e3, r["helpers_cpu_s"] * 1e3,
-                  r["groups_from_board"], r["groups_matchmade"]]
+                ["formation", "nodes", "payload MB", "round ms", "vs ddp", "overhead ms", "meeting ms",
+                 "all-reduce ms", "cpu ms", "helpers ms", "board groups", "matchmade"],
+                [[r["formation"], r["nodes"], r["payload_bytes"] / 1e6, ms(r["round_s"]),
+                  "-" if r["vs_ddp"] is None else r["vs_ddp"], ms(r["overhead_s"]), ms(r["meet_s"]),
+                  ms(r["allreduce_s"]), ms(r["cpu_s"]), ms(r["helpers_cpu_s"]), r["groups_from_board"],
+                  r["groups_matchmade"]]
                  for r in rows])
     write_json(args.json, {"runs": rows, "rounds": args.rounds, "warmup": args.warmup})
 

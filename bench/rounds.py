@@ -1,7 +1,7 @@
 """What a round costs beyond moving its bytes: round time against payload size and group size, on loopback, with
 the group formed from the progress board (``group_formation = "board"``) and by hivemind's matchmaking.
 
-    python bench/rounds.py [--nodes 2 4] [--hidden 32 256 1024] [--rounds 12] [--json FILE]
+    python bench/rounds.py [--nodes 2 4] [--hidden 32 256 1024] [--formations board ddp] [--rounds 12] [--json FILE]
 
 Every run is a real swarm on this machine (coordinator and node processes) training a byte-level LSTM with one
 local step per round (DiLoCo, H=1, no compression), so that a round is almost all averaging. The model's hidden
@@ -10,12 +10,19 @@ size sets the payload (the fp32 pseudo-gradient each node contributes). Each nod
 ``--warmup`` and the last, the wall time per round and the part of it that is not computing (``overhead``:
 matchmaking or the board's meeting, the all-reduce, the outer step), split further into the meeting (which includes
 waiting for the last groupmate to finish its step: on a shared machine, the others' compute) and the all-reduce, as
-the nodes report them. The fixed part of a round is the overhead at the smallest payload. On a machine shared by
-the whole swarm the wall time of a round is set by the CPU it costs: ``cpu ms`` is the CPU time a node spent per
-round, its own process and what it started (hivemind's DHT process, the libp2p daemon), read from ``/proc`` at the
-same rounds (``helpers ms`` is the latter part). ``nodes x cpu ms / cores`` is the least a round can take here. A payload small enough
+the nodes report them. The fixed part of a round is the overhead at the smallest payload. A payload small enough
 for one reducer (``averaging.min_part_values``) is averaged at the meeting itself, by the group's host
 (``cotrain.averaging.allreduce.hosted``): its all-reduce column is then only the decoding of the host's result.
+
+On a machine shared by
+the whole swarm the wall time of a round is set by the CPU it costs: ``cpu ms`` is the CPU time a node spent per
+round, its own process and what it started (hivemind's DHT process, the libp2p daemon), read from ``/proc`` at the
+same rounds (``helpers ms`` is the latter part). ``nodes x cpu ms / cores`` is the least a round can take here.
+
+``--formations ddp`` runs torch DDP instead (gloo, the ranks of bench/ddp_worker.py, one torch thread each) on the
+same model, data and batches: gradients averaged at every step, as a round at H=1 averages the update. Its step is
+the round it is compared with (``vs ddp``: a row's round over DDP's step at the same size), and its CPU a rank-step
+is read the same way.
 """
 
 from __future__ import annotations
@@ -169,7 +176,8 @@ def main() -> None:
                              "not per round: on a shared machine it takes CPU from the rounds)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take")
     parser.add_argument("--keep", action="store_true", help="keep the runs' folders (logs, state)")
-    parser.add_argument("--ddp-budget-s", type=float, default=20.0, help="ddp: seconds of training a run")
+    parser.add_argument("--ddp-budget-s", type=float, default=45.0,
+                        help="ddp: seconds a run takes from launch (8 ranks on 2 cores took 16 s to their first step)")
     parser.add_argument("--ddp-eval-every", type=int, default=50, help="ddp: steps between rank 0's evaluations")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()

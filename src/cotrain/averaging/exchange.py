@@ -56,6 +56,9 @@ PEER_ERRORS = (P2PDaemonError, P2PHandlerError, OSError, EOFError, DecodeError)
 MAX_DEPOSITS = 512
 MAX_DEPOSITS_PER_PEER = 8
 MAX_DEPOSIT_TOTAL_BYTES = 64 << 20
+#: the largest piece a request leaves: it goes in one message over the daemon's connection (hivemind's limit is
+#: 4 MiB a message); a larger one is not left, and the host asks for it
+MAX_DEPOSIT_BYTES = 2 << 20
 
 
 def _oversized(size: int, max_bytes: Optional[int]) -> bool:
@@ -369,7 +372,7 @@ class Exchange:
         :meth:`deposits`; only a request in one answer leaves it)."""
         request = pb.FetchRequest(key=key, wait_s=wait_s, credential=self.admission.credential())
         if not state and not large and on_progress is None:
-            if deposit:  # what we leave is what we upload: counted, and under our upload limit
+            if deposit and len(deposit) <= MAX_DEPOSIT_BYTES:  # what we leave we upload: counted, and limited
                 if self.limiter is not None:
                     await self.limiter.take(len(deposit))
                 request.deposit = deposit
@@ -391,7 +394,7 @@ class Exchange:
                     self._oversized(peer, key, answer.total, max_bytes)
                     return None
                 request.wait_s = 0.0  # it is published: the stream needs no wait
-                request.deposit = b""  # nor what we left: the answer is there
+        request.deposit = b""  # a stream leaves nothing (and the answer is there, or the peer streams only)
         return await self._fetch_stream(peer, request, on_progress, state, max_bytes)
 
     def _oversized(self, peer: PeerID, key: str, size: int, max_bytes: Optional[int]) -> None:

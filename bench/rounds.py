@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import socket
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -179,33 +180,64 @@ def main() -> None:
     parser.add_argument("--ddp-budget-s", type=float, default=45.0,
                         help="ddp: seconds a run takes from launch (8 ranks on 2 cores took 16 s to their first step)")
     parser.add_argument("--ddp-eval-every", type=int, default=50, help="ddp: steps between rank 0's evaluations")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every row this many times, taking turns, and report the median (at 8 nodes on 2 "
+                             "cores one run of a row moved by 20%% from the next)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     args.data = args.data or default_text()
-    rows = []
-    for nodes in args.nodes:
-        for hidden in args.hidden:
-            for formation in args.formations:
-                row = ddp_run(args, nodes, hidden) if formation == "ddp" else one_run(args, nodes, hidden, formation)
-                rows.append(row)
-                apart = "" if row["overhead_s"] is None else f", of which not computing {row['overhead_s'] * 1e3:7.1f} ms"
-                print(f"  {formation:11s} {nodes} nodes, {row['payload_bytes'] / 1e6:6.2f} MB: round "
-                      f"{row['round_s'] * 1e3:7.1f} ms{apart}", flush=True)
-    ddp = {(r["nodes"], r["hidden"]): r["round_s"] for r in rows if r["formation"] == "ddp"}
-    for r in rows:
-        r["vs_ddp"] = r["round_s"] / ddp[r["nodes"], r["hidden"]] if (r["nodes"], r["hidden"]) in ddp else None
+    runs = []
+    for repeat in range(args.repeat):  # every row once, then again: rows of one repeat share the machine's mood
+        for nodes in args.nodes:
+            for hidden in args.hidden:
+                for formation in args.formations:
+                    run = (ddp_run(args, nodes, hidden) if formation == "ddp"
+                           else one_run(args, nodes, hidden, formation))
+                    runs.append(dict(run, repeat=repeat))
+                    apart = ("" if run["overhead_s"] is None
+                             else f", of which not computing {run['overhead_s'] * 1e3:7.1f} ms")
+                    print(f"  {formation:11s} {nodes} nodes, {run['payload_bytes'] / 1e6:6.2f} MB: round "
+                          f"{run['round_s'] * 1e3:7.1f} ms{apart}", flush=True)
+    rows = median_rows(runs)
+
     def ms(value):
         return "-" if value is None else value * 1e3
 
-    print_table(f"Round time on loopback, H=1, rounds {args.warmup}..{args.rounds} ({len(rows)} runs)",
-                ["formation", "nodes", "payload MB", "round ms", "vs ddp", "overhead ms", "meeting ms",
+    print_table(f"Round time on loopback, H=1, rounds {args.warmup}..{args.rounds}, the median of {args.repeat} "
+                f"run(s) a row",
+                ["formation", "nodes", "payload MB", "round ms", "range ms", "vs ddp", "overhead ms", "meeting ms",
                  "all-reduce ms", "cpu ms", "helpers ms", "board groups", "matchmade"],
                 [[r["formation"], r["nodes"], r["payload_bytes"] / 1e6, ms(r["round_s"]),
+                  f"{r['round_s_min'] * 1e3:.0f}-{r['round_s_max'] * 1e3:.0f}",
                   "-" if r["vs_ddp"] is None else r["vs_ddp"], ms(r["overhead_s"]), ms(r["meet_s"]),
                   ms(r["allreduce_s"]), ms(r["cpu_s"]), ms(r["helpers_cpu_s"]), r["groups_from_board"],
                   r["groups_matchmade"]]
                  for r in rows])
-    write_json(args.json, {"runs": rows, "rounds": args.rounds, "warmup": args.warmup})
+    write_json(args.json, {"rows": rows, "runs": runs, "rounds": args.rounds, "warmup": args.warmup,
+                           "repeat": args.repeat})
+
+
+def median_rows(runs: list[dict]) -> list[dict]:
+    """One row per (formation, nodes, hidden) of ``runs``: the median of each figure over its repeats (None stays
+    None), the round's least and most, and ``vs_ddp``: the row's median round over DDP's at the same size."""
+    rows: dict[tuple, list[dict]] = {}
+    for run in runs:
+        rows.setdefault((run["formation"], run["nodes"], run["hidden"]), []).append(run)
+    out = []
+    for (formation, nodes, hidden), same in rows.items():
+        row = dict(same[0])
+        row.pop("repeat", None)
+        for name, value in same[0].items():
+            if isinstance(value, float):
+                row[name] = statistics.median(r[name] for r in same)
+        rounds = [r["round_s"] for r in same]
+        row.update(round_s_min=min(rounds), round_s_max=max(rounds), repeats=len(same))
+        out.append(row)
+    ddp = {(r["nodes"], r["hidden"]): r["round_s"] for r in out if r["formation"] == "ddp"}
+    for row in out:
+        row["vs_ddp"] = row["round_s"] / ddp[row["nodes"], row["hidden"]] if (row["nodes"], row["hidden"]) in ddp \
+            else None
+    return out
 
 
 if __name__ == "__main__":

@@ -66,8 +66,10 @@ def test_repeats_log_one_line_of_a_kind_per_interval_and_count_the_rest(caplog):
 def test_repeats_remember_a_bounded_number_of_kinds():
     clock = Clock()
     news = Repeats(logging.getLogger("t"), every_s=10, max_kinds=3, clock=clock)
-    assert [news.due(f"peer {i}") for i in range(5)] == [0, 0, 0, 0, 0]
-    assert news.due("peer 4") is None  # remembered: quiet
-    assert news.due("peer 0") == 0  # forgotten (the oldest): loud again
+    assert [news.due(f"peer {name} left") for name in "abcde"] == [0, 0, 0, 0, 0]
+    assert news.due("peer e left") is None  # remembered: quiet
+    assert news.due("peer a left") == 0  # forgotten (the oldest): loud again
+    assert news.due("round 17: all 3 peers ready") == 0
+    assert news.due("round 18: all 4 peers ready") is None  # a kind is its words: its numbers are taken out
     every = Repeats(logging.getLogger("t"), every_s=0, clock=clock)
     assert [every.due("x"), every.due("x")] == [0, 0]  # 0 s: every line at info level

@@ -12,6 +12,7 @@ logged, then one every ``every_s`` seconds with the count of those in between; t
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Callable, Optional
 
@@ -60,6 +61,9 @@ class Outage:
             self.logger.error("%s", message, exc_info=(type(error), error, error.__traceback__))
 
 
+_DIGITS = re.compile(r"\d+")
+
+
 class Repeats:
     """Info lines of kinds that repeat (``kind``: what a line says without its counters, such as a round's reason
     for ending): one of a kind every ``every_s`` seconds at info level, the rest at debug level. A swarm of small
@@ -75,7 +79,9 @@ class Repeats:
 
     def due(self, kind: str) -> Optional[int]:
         """Whether a line of ``kind`` goes at info level now: the number of lines of its kind that went at debug
-        level since the last one did (0 for the first), or None (this one goes at debug level)."""
+        level since the last one did (0 for the first), or None (this one goes at debug level). Kinds are compared
+        with their numbers taken out: "all 3 peers at round 17 reached their steps" is of the kind of round 18's."""
+        kind = _DIGITS.sub("#", kind)
         now = self.clock()
         last = self._kinds.pop(kind, None)
         if last is not None and now - last[0] < self.every_s:

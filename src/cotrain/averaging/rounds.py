@@ -188,7 +188,8 @@ class RoundAverager(abc.ABC):
         self._meetings_held = 0
         self._meeting_held = False
         self.stats = RoundStats()
-        #: a round's decision and its end, logged once every 10 s while they say the same (rounds come many a second)
+        #: a round's decision, its end and a meeting that failed, each logged once every 10 s while it says the same
+        #: (rounds come many a second, and a peer waiting for its groupmates meets again at every step)
         self._news = Repeats(logger)
         #: averaging.overlap: rounds run on this worker thread while the node trains on; one at a time
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="round") if cfg.overlap else None
@@ -742,7 +743,7 @@ class RoundAverager(abc.ABC):
             return
         self.stats.last_reason = f"round {launch.round}: {result.reason}; training on and retrying"
         if result.reread:  # views of the board differ while peers come and go: expected, and over at the next read
-            logger.info("%s after the next read of the board", self.stats.last_reason)
+            self._news.info(result.reason, "%s after the next read of the board", self.stats.last_reason)
             self._reread_after = time.time()
             return
         logger.warning("%s", self.stats.last_reason)
@@ -805,7 +806,8 @@ class RoundAverager(abc.ABC):
                                reduce=hosting.reduce if hosting else None,
                                max_rest=hosting.max_rest if hosting else 0)
         if not outcome.ok:
-            logger.info("round %d: the board's group did not meet (%s)", launch.round, outcome.reason)
+            self._news.info(outcome.reason, "round %d: the board's group did not meet (%s)", launch.round,
+                            outcome.reason)
             return None, outcome.reason, outcome.disagreed
         info = {peer: dict(round=m.round, samples=m.samples, hash=m.hash, reducer=m.reducer)
                 for peer, m in outcome.meetings.items()}

@@ -372,13 +372,14 @@ class Exchange:
         :meth:`deposits`; only a request in one answer leaves it)."""
         request = pb.FetchRequest(key=key, wait_s=wait_s, credential=self.admission.credential())
         if not state and not large and on_progress is None:
-            if deposit and len(deposit) <= MAX_DEPOSIT_BYTES:  # what we leave we upload: counted, and limited
+            if deposit and len(deposit) <= MAX_DEPOSIT_BYTES:  # what we leave we upload: under our upload limit
                 if self.limiter is not None:
                     await self.limiter.take(len(deposit))
                 request.deposit = deposit
-                self.bytes_sent += len(deposit)
             try:
                 answer = await self.p2p.call_protobuf_handler(peer, self.unary_name, request, pb.FetchChunk)
+                if request.deposit and not answer.refused:  # it arrived (the peer counts it as it takes it in)
+                    self.bytes_sent += len(request.deposit)
             except P2PDaemonError as e:  # its daemon refused the call (a peer of a version without it): stream
                 logger.debug("fetch %s from %s in one request failed: %r; streaming it", key, peer, e)
             except PEER_ERRORS as e:  # the peer died, the connection broke

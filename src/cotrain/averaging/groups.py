@@ -472,7 +472,7 @@ def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[s
         got = transport.fetch_many([(peers[peer], key) for peer in missing] + [(a, key) for a in came.values()],
                                    wait_s=min(left, WALK_IN_POLL_S) if walk_ins else left,
                                    max_bytes=meeting_piece_bound(max_rest))
-        received.update((peer, data) for peer, data in zip(missing, got) if not received.get(peer))
+        received.update(zip(missing, got))
         walked.update(zip(came, got[len(missing):]))
         if not all(got[:len(missing)]):  # a withdrawn meeting answers at once: not again at once
             stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))

@@ -987,8 +987,8 @@ class RoundAverager(abc.ABC):
             self.round_since = float(get_dht_time())
         # hashed while the node takes its next local step: the next round's meeting reads it
         self._state_hash.update(self.shared_tensors())
-        self._news.info(f"done with {group_size}", "round %d done with %d peer(s): now at round %d", self.round - 1,
-                        group_size, self.round)
+        self._news.info("round done", "round %d done with %d peer(s): now at round %d", self.round - 1, group_size,
+                        self.round)
         self.stats.last_group_size = group_size
         self.stats.history.append((self.round - 1, group_size))
         if carried is None:

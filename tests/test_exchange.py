@@ -164,35 +164,3 @@ def test_a_peer_knows_who_asked_for_a_piece(pair):
     assert fetcher.fetch_many([(server.peer_id, "t10/meeting")], wait_s=1) == [b"m"]
     assert server.askers("t10/meeting", within_s=30) == {str(fetcher.peer_id)}
     assert server.askers("t10/meeting", within_s=0) == set()  # older than asked for
-
-
-def test_a_piece_left_with_a_request_is_read_while_the_request_waits(pair):
-    """A request may leave a piece with the peer it asks (a meeting's member leaves its meeting with its request for
-    the host's roster): the peer reads it under the key and the authenticated requester while the request waits, and
-    no longer once it ended; a piece larger than the peer takes, or from a stranger, is not kept."""
-    fetcher, server, stranger, members_only = pair
-    server.max_deposit_bytes = 100
-    sent, received = fetcher.bytes_sent, server.bytes_received
-    answer = {}
-    waiting = threading.Thread(target=lambda: answer.update(got=fetcher.fetch_many(
-        [(server.peer_id, "t12/roster")], wait_s=20, deposit=b"my meeting")))
-    waiting.start()
-    try:
-        assert server.wait_deposits("t12/roster", 0, timeout=10) == 1
-        assert server.deposits("t12/roster") == {str(fetcher.peer_id): b"my meeting"}
-        assert server.deposits("t12/other") == {}
-        server.publish("t12", "t12/roster", b"the roster")
-        waiting.join(10)
-        assert answer["got"] == [b"the roster"]
-        assert server.deposits("t12/roster") == {}  # the request ended: what it left went with it
-        # what a request leaves is counted as averaging's bytes, both ways
-        assert fetcher.bytes_sent - sent == server.bytes_received - received == len(b"my meeting")
-        refused = server.deposits_refused
-        assert fetcher.fetch_many([(server.peer_id, "t12/late")], wait_s=0.3, deposit=b"x" * 101) == [None]
-        assert server.deposits_refused == refused + 1 and server.deposits("t12/late") == {}
-        members_only.max_deposit_bytes = 100
-        assert stranger.fetch_many([(members_only.peer_id, "t12/roster")], wait_s=0.3, deposit=b"m") == [None]
-        assert members_only.deposits("t12/roster") == {}  # refused before anything was kept
-    finally:
-        server.publish("t12", "t12/roster", b"the roster")
-        waiting.join(10)

@@ -151,8 +151,6 @@ class Board:
         self.asked: list[tuple[str, str]] = []  # (peer, key) of every fetch
         self.askers: dict[tuple[str, str], set[str]] = {}  # (whose piece, key) -> who asked for it
         self.dialled: set[tuple[str, str]] = set()  # (who fetched, from whom)
-        #: (whose, key) -> {who left it: piece}, while the request that left it waits (Exchange.deposits)
-        self.deposits: dict[tuple[str, str], dict[str, bytes]] = {}
         self.lock = threading.Condition()
 
     def transport(self, owner: str) -> "FakeTransport":
@@ -168,36 +166,21 @@ class FakeTransport:
             self.board.pieces[(self.owner, key)] = data
             self.board.lock.notify_all()
 
-    def fetch_many(self, requests, wait_s, max_bytes=None, deposit=b""):
+    def fetch_many(self, requests, wait_s, max_bytes=None):
         deadline = time.monotonic() + wait_s
         with self.board.lock:
             self.board.asked.extend(requests)
             for peer, key in requests:
                 self.board.askers.setdefault((peer, key), set()).add(self.owner)
-                if deposit:
-                    self.board.deposits.setdefault((peer, key), {})[self.owner] = deposit
                 self.board.lock.notify_all()
             self.board.dialled.update((self.owner, peer) for peer, _ in requests)
-            try:
-                while True:
-                    got = [self.board.pieces.get((peer, key)) for peer, key in requests]
-                    left = deadline - time.monotonic()
-                    if all(g is not None for g in got) or left <= 0:  # a piece larger than max_bytes is none
-                        return [None if g is not None and max_bytes is not None and len(g) > max_bytes else g
-                                for g in got]
-                    self.board.lock.wait(left)
-            finally:  # what the request left goes with it
-                for peer, key in requests:
-                    self.board.deposits.get((peer, key), {}).pop(self.owner, None)
-
-    def deposits(self, key):
-        with self.board.lock:
-            return dict(self.board.deposits.get((self.owner, key), {}))
-
-    def wait_deposits(self, key, known, timeout):
-        with self.board.lock:
-            self.board.lock.wait_for(lambda: len(self.board.deposits.get((self.owner, key), {})) > known, timeout)
-            return len(self.board.deposits.get((self.owner, key), {}))
+            while True:
+                got = [self.board.pieces.get((peer, key)) for peer, key in requests]
+                left = deadline - time.monotonic()
+                if all(g is not None for g in got) or left <= 0:  # a piece larger than max_bytes is none
+                    return [None if g is not None and max_bytes is not None and len(g) > max_bytes else g
+                            for g in got]
+                self.board.lock.wait(left)
 
 
 def meet_all(plans: dict[str, list[str]], wait_s: float = 2.0, absent=(), subset: bool = False, gone=(),
@@ -320,8 +303,7 @@ def test_only_the_host_reads_the_members_meetings():
     board = Board()
     outcomes = meet_all({p: ["a", "b", "c"] for p in "abc"}, board=board, dial_out_only={"a", "b"})
     assert all(o.ok and set(o.meetings) == {"a", "b", "c"} for o in outcomes.values()), outcomes
-    # the members dial their host; the host dials nobody: their meetings came with their requests for its roster
-    assert board.dialled == {("a", "c"), ("b", "c")}, board.dialled
+    assert board.dialled == {("a", "c"), ("b", "c"), ("c", "a"), ("c", "b")}, board.dialled
     assert host_of(["a", "b"], lambda peer: False) is None  # nobody to dial: no meeting
 
 

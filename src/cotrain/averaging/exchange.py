@@ -49,16 +49,6 @@ UNARY_MAX_BYTES = 1 << 17
 #: what talking to a peer raises when the peer died, its daemon refused, or the stream broke or came garbled: part of
 #: a swarm's life (the piece is missing, the round goes on without it), not a fault of this peer's
 PEER_ERRORS = (P2PDaemonError, P2PHandlerError, OSError, EOFError, DecodeError)
-#: pieces peers leave with this one while they wait (``FetchRequest.deposit``, see :meth:`Exchange.deposits`): at
-#: most this many at once, of at most this many bytes in all (each at most ``Exchange.max_deposit_bytes``). A round's
-#: host holds one a groupmate, and one peer at most a few (one a key it waits for); more are refused (not kept, the
-#: request still answered): the host fetches those
-MAX_DEPOSITS = 512
-MAX_DEPOSITS_PER_PEER = 8
-MAX_DEPOSIT_TOTAL_BYTES = 64 << 20
-#: the largest piece a request leaves: it goes in one message over the daemon's connection (hivemind's limit is
-#: 4 MiB a message); a larger one is not left, and the host asks for it
-MAX_DEPOSIT_BYTES = 2 << 20
 
 
 def _oversized(size: int, max_bytes: Optional[int]) -> bool:
@@ -127,14 +117,6 @@ class Exchange:
         #: pieces peers offered that were larger than the fetch's ``max_bytes`` (not taken in)
         self.oversized_pieces = 0
         self._last_oversized_log = 0.0
-        #: the largest piece a peer may leave with a request (0: none taken); its owner sets it to the largest it reads
-        self.max_deposit_bytes = 0
-        #: pieces left with requests, by key and then by the peer libp2p authenticated, while the request waits
-        self._deposits: dict[str, dict[str, bytes]] = {}
-        self._deposit_bytes = 0
-        self._deposited = threading.Condition()
-        #: pieces peers tried to leave that were not kept (too large, or too many at once)
-        self.deposits_refused = 0
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._published: Optional[asyncio.Condition] = None
@@ -212,49 +194,6 @@ class Exchange:
             while len(self._asked) > 64:
                 del self._asked[next(iter(self._asked))]
 
-    def deposits(self, key: str) -> dict[str, bytes]:
-        """The pieces peers left with their requests for ``key`` that still wait for it (peer id -> piece): a meeting's
-        members leave their meetings with their requests for the roster, so that the host reads them without a
-        request of its own. A piece is kept while its request waits, so a peer that gave up (its request timed out,
-        or it went away) is no longer here."""
-        with self._deposited:
-            return dict(self._deposits.get(key, {}))
-
-    def wait_deposits(self, key: str, known: int, timeout: float) -> int:
-        """Wait up to ``timeout`` seconds until more than ``known`` pieces wait under ``key``; -> how many wait."""
-        deadline = time.monotonic() + max(0.0, timeout)
-        with self._deposited:
-            while len(self._deposits.get(key, {})) <= known and time.monotonic() < deadline:
-                self._deposited.wait(deadline - time.monotonic())
-            return len(self._deposits.get(key, {}))
-
-    def _file_deposit(self, key: str, peer: str, data: bytes) -> bool:
-        """Keep ``data`` as what ``peer`` left under ``key`` (its newest replaces an older one); False: not kept."""
-        with self._deposited:
-            box = self._deposits.get(key, {})
-            old = box.get(peer, b"")
-            count = sum(len(b) for b in self._deposits.values())
-            theirs = sum(peer in b for b in self._deposits.values())
-            if (len(data) > self.max_deposit_bytes
-                    or (peer not in box and (count >= MAX_DEPOSITS or theirs >= MAX_DEPOSITS_PER_PEER))
-                    or self._deposit_bytes - len(old) + len(data) > MAX_DEPOSIT_TOTAL_BYTES):
-                self.deposits_refused += 1
-                return False
-            self._deposits.setdefault(key, {})[peer] = data
-            self._deposit_bytes += len(data) - len(old)
-            self._deposited.notify_all()
-            return True
-
-    def _drop_deposit(self, key: str, peer: str, data: bytes) -> None:
-        """The request that left ``data`` ended: forget it (unless a newer request of the peer replaced it)."""
-        with self._deposited:
-            box = self._deposits.get(key)
-            if box is not None and box.get(peer) is data:
-                del box[peer]
-                self._deposit_bytes -= len(data)
-                if not box:
-                    del self._deposits[key]
-
     def provide(self, key: str, make: Callable[[], Optional[bytes]]) -> None:
         """Serve ``key`` by calling ``make()`` (in a worker thread) on every request: for data built on demand,
         such as the current shared state a joining peer downloads. ``make`` may return None (nothing to give)."""
@@ -291,12 +230,7 @@ class Exchange:
             return pb.FetchChunk(found=False, refused=refused)
         if request.key in self._providers:
             return pb.FetchChunk(found=True, use_stream=True)
-        peer = str(context.remote_id)
-        self._note_asker(request.key, peer)
-        # kept while the request waits for its answer: what the peer left is read as long as the peer waits
-        deposit = request.deposit  # one object: protobuf hands out a new one at every read
-        self.bytes_received += len(deposit)
-        filed = deposit if deposit and self._file_deposit(request.key, peer, deposit) else None
+        self._note_asker(request.key, str(context.remote_id))
         self._serving += 1
         try:
             data = await self._published_piece(request.key, request.wait_s)
@@ -312,8 +246,6 @@ class Exchange:
             return pb.FetchChunk(data=data, found=True, total=len(data))
         finally:
             self._serving -= 1
-            if filed is not None:
-                self._drop_deposit(request.key, peer, filed)
 
     async def _published_piece(self, key: str, wait_s: float) -> Optional[bytes]:
         """The piece under ``key``, waiting up to ``wait_s`` (at most 600 s) for it to be published."""
@@ -364,22 +296,15 @@ class Exchange:
     # ---- fetching ------------------------------------------------------------------------------------------------
     async def _fetch(self, peer: PeerID, key: str, wait_s: float,
                      on_progress: Optional[Callable[[int, int], None]] = None, state: bool = False,
-                     large: bool = False, max_bytes: Optional[int] = None, deposit: bytes = b"") -> Optional[bytes]:
+                     large: bool = False, max_bytes: Optional[int] = None) -> Optional[bytes]:
         """A piece, or None. An all-reduce piece is asked for in one request first; the answer is the piece, or that
         it is to be streamed (it is large). States, and pieces the caller expects to be ``large`` (more than
         ``UNARY_MAX_BYTES``), stream at once. A piece of more than ``max_bytes`` (as the peer announces it, or as
-        it comes) is none: it is not taken in. ``deposit``: left with the peer while the first request waits (see
-        :meth:`deposits`; only a request in one answer leaves it)."""
+        it comes) is none: it is not taken in."""
         request = pb.FetchRequest(key=key, wait_s=wait_s, credential=self.admission.credential())
         if not state and not large and on_progress is None:
-            if deposit and len(deposit) <= MAX_DEPOSIT_BYTES:  # what we leave we upload: under our upload limit
-                if self.limiter is not None:
-                    await self.limiter.take(len(deposit))
-                request.deposit = deposit
             try:
                 answer = await self.p2p.call_protobuf_handler(peer, self.unary_name, request, pb.FetchChunk)
-                if request.deposit and not answer.refused:  # it arrived (the peer counts it as it takes it in)
-                    self.bytes_sent += len(request.deposit)
             except P2PDaemonError as e:  # its daemon refused the call (a peer of a version without it): stream
                 logger.debug("fetch %s from %s in one request failed: %r; streaming it", key, peer, e)
             except PEER_ERRORS as e:  # the peer died, the connection broke
@@ -395,7 +320,6 @@ class Exchange:
                     self._oversized(peer, key, answer.total, max_bytes)
                     return None
                 request.wait_s = 0.0  # it is published: the stream needs no wait
-        request.deposit = b""  # a stream leaves nothing (and the answer is there, or the peer streams only)
         return await self._fetch_stream(peer, request, on_progress, state, max_bytes)
 
     def _oversized(self, peer: PeerID, key: str, size: int, max_bytes: Optional[int]) -> None:
@@ -477,17 +401,16 @@ class Exchange:
             logger.warning("peer ...%s refused our request: %s", str(peer)[-8:], reason)
 
     def fetch_many(self, requests: Sequence[tuple[PeerID, str]], wait_s: float, large: bool = False,
-                   max_bytes: Optional[int] = None, deposit: bytes = b"") -> list[Optional[bytes]]:
+                   max_bytes: Optional[int] = None) -> list[Optional[bytes]]:
         """Fetch every (peer, key) concurrently; None for a piece that did not come within ``wait_s``. ``large``: the
         pieces are expected to be larger than ``UNARY_MAX_BYTES`` (they stream at once; a wrong guess costs only
-        speed). ``max_bytes``: the most a piece may hold (None: no bound); a larger one is none, never taken in.
-        ``deposit``: left with each peer while its request waits (see :meth:`deposits`)."""
+        speed). ``max_bytes``: the most a piece may hold (None: no bound); a larger one is none, never taken in."""
 
         async def one(peer: PeerID, key: str) -> Optional[bytes]:
             deadline = time.monotonic() + wait_s
             for attempt in range(3):  # a broken stream is retried while time remains
                 data = await self._fetch(peer, key, max(0.0, deadline - time.monotonic()), large=large,
-                                         max_bytes=max_bytes, deposit=deposit)
+                                         max_bytes=max_bytes)
                 if data is not None or time.monotonic() >= deadline:
                     return data
                 await asyncio.sleep(0.2 * (attempt + 1))

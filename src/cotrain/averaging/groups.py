@@ -126,12 +126,6 @@ def _piece_bound(max_head: int, max_rest: int) -> int:
     return 5 + max_head + max_rest
 
 
-def meeting_piece_bound(max_rest: int = 0) -> int:
-    """The most bytes a meeting's piece takes, with a rest of up to ``max_rest`` riding on it (what a host takes in
-    from a member, fetched or left with its request for the roster)."""
-    return _piece_bound(MAX_MEETING_BYTES, max_rest)
-
-
 def join_piece(head: bytes, rest: bytes = b"") -> bytes:
     """A meeting's or roster's piece: ``head``, and ``rest`` riding on it (see :data:`PIECE_WITH_REST`)."""
     return PIECE_WITH_REST + struct.pack("<I", len(head)) + head + rest if rest else head
@@ -286,17 +280,12 @@ def max_group_size(target: int) -> int:
 
 class Transport(Protocol):
     """What a meeting needs of the network (:class:`cotrain.averaging.exchange.Exchange` in a node; an in-memory fake
-    in unit tests): publish a piece under a key, fetch pieces from peers (leaving a piece with each request while it
-    waits), and read the pieces peers left with their requests for a key."""
+    in unit tests): publish a piece under a key, fetch pieces from peers."""
 
     def publish(self, tag: str, key: str, data: bytes, readers: int = 0) -> None: ...
 
-    def fetch_many(self, requests: Sequence[tuple[Any, str]], wait_s: float, max_bytes: Optional[int] = None,
-                   deposit: bytes = b"") -> list[Optional[bytes]]: ...
-
-    def deposits(self, key: str) -> Mapping[str, bytes]: ...
-
-    def wait_deposits(self, key: str, known: int, timeout: float) -> int: ...
+    def fetch_many(self, requests: Sequence[tuple[Any, str]], wait_s: float,
+                   max_bytes: Optional[int] = None) -> list[Optional[bytes]]: ...
 
 
 def fetch_until(transport: Transport, peers: Mapping[str, Any], key: str, wait_s: float,
@@ -380,12 +369,6 @@ class Roster:
 
 #: how often a host waiting for its planned groupmates looks for peers that walked in (asked for its meeting)
 WALK_IN_POLL_S = 0.25
-#: how long a host waits for its groupmates' meetings to come with their requests for its roster before it asks for
-#: the missing ones itself (and so learns of one that planned another group). Members ask for the roster as soon as
-#: they have read the host's meeting, so in a group that meets round after round no host asks anybody: at 8 nodes a
-#: round was 3 (n - 1) requests, now 2 (n - 1). Raise it where groupmates' steps end further apart than this
-#: (fetches made after it cost requests, not correctness)
-DEPOSIT_WAIT_S = 0.25
 
 
 def hold_meeting(transport: Transport, me: str, mine: Meeting, host: str, peers: Mapping[str, Any], wait_s: float,
@@ -397,12 +380,10 @@ def hold_meeting(transport: Transport, me: str, mine: Meeting, host: str, peers:
                  reduce: Optional[Callable[[dict[str, bytes]], bytes]] = None, max_rest: int = 0) -> Outcome:
     """This peer's side of a board group's meeting, whose ``host`` (:func:`host_of`) decides who goes.
 
-    Every member publishes ``mine`` (naming the host: :func:`host_key`); the others fetch the host's meeting and then
-    its roster (up to ``wait_s`` and ``go_wait_s`` more), leaving their meetings with the request for the roster; the
-    host reads its planned groupmates' meetings there (``peers``: id -> transport address, ``me`` excluded), fetches
-    those that did not come so within :data:`DEPOSIT_WAIT_S` for up to ``wait_s`` in all, decides
-    (:func:`meeting_outcome`) and publishes the :class:`Roster`; the members go when it lists them, with the
-    meetings it lists. One peer decides, so the members
+    Every member publishes ``mine`` (naming the host: :func:`host_key`); the host fetches its planned groupmates'
+    (``peers``: id -> transport address, ``me`` excluded) for up to ``wait_s``, decides (:func:`meeting_outcome`)
+    and publishes the :class:`Roster`; the others fetch the host's meeting and then its roster (up to ``wait_s`` and
+    ``go_wait_s`` more) and go when it lists them, with the meetings it lists. One peer decides, so the members
     that go all go with the same group, and two peers that plan differently (one read the board before a newcomer
     came) still meet when they name the same host and the host planned them. A member never fetches another
     member's meeting: two peers behind NAT, who cannot dial each other, meet through a host they can both dial.
@@ -436,42 +417,28 @@ def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[s
                   admitted, stop, subset: bool, gone, walk_ins, target: int, payload: bytes = b"",
                   reduce: Optional[Callable[[dict[str, bytes]], bytes]] = None, max_rest: int = 0) -> Outcome:
     tag, key = meeting_tag(mine.round), meeting_key(mine.round)
-    answer = roster_key(mine.round, mine.attempt)  # what members wait for, leaving their meetings with the request
     transport.publish(tag, key, mine.encode())
     stop = stop or threading.Event()
-    started = time.monotonic()
-    deadline = started + wait_s
+    deadline = time.monotonic() + wait_s
     received: dict[str, Optional[bytes]] = {}
     walked: dict[str, Optional[bytes]] = {}
     while True:
-        left_here = transport.deposits(answer)
-        for peer, data in left_here.items():
-            if len(data) > meeting_piece_bound(max_rest):
-                continue  # not a meeting of ours (the transport bounds them too): asked for below, and bounded
-            if peer in peers:
-                received[peer] = data
-            elif peer != me and walk_ins is not None and not walked.get(peer):
-                walked[peer] = data  # its view made us its host
         # each walk-in is asked once: it published its meeting before it asked for ours, so an answer that is not
         # there at once (none, or withdrawn) is one that will not come in time
         came = {peer: address for peer, address in (walk_ins() if walk_ins else {}).items()
                 if peer != me and peer not in peers and peer not in walked}
         missing = [peer for peer in peers if not received.get(peer) and not gone(peer)]
-        now = time.monotonic()
-        left = deadline - now
+        left = deadline - time.monotonic()
         if (not missing and not came) or left <= 0 or stop.is_set():
             break
-        if now - started < DEPOSIT_WAIT_S:  # their meetings come with their requests for our roster
-            transport.wait_deposits(answer, len(left_here), min(left, DEPOSIT_WAIT_S - (now - started)))
-            continue
         if not came and meeting_outcome(me, mine, [me, *peers], received, admitted, walk_ins=walked,
                                         target=target).ok:
-            break  # a full group of walk-ins: no need to wait longer for the planned peers that did not come
+            break  # a full group of walk-ins: no need to wait for the planned peers that did not come
         # walk-ins have published their meetings before asking for ours: their answers come at once. A planned
         # peer's request waits on its peer; with walk-ins possible, it is cut short to look for more of them
         got = transport.fetch_many([(peers[peer], key) for peer in missing] + [(a, key) for a in came.values()],
                                    wait_s=min(left, WALK_IN_POLL_S) if walk_ins else left,
-                                   max_bytes=meeting_piece_bound(max_rest))
+                                   max_bytes=_piece_bound(MAX_MEETING_BYTES, max_rest))
         received.update(zip(missing, got))
         walked.update(zip(came, got[len(missing):]))
         if not all(got[:len(missing)]):  # a withdrawn meeting answers at once: not again at once
@@ -518,7 +485,7 @@ def _joined(transport: Transport, me: str, mine: Meeting, host: str, address: An
     # a host's own meeting carries nothing, but a peer this member's view made host may be a member of another
     # group in its own (its meeting carries its contribution): that is "planned another group", not "did not come"
     data = fetch_until(transport, {host: address}, meeting_key(mine.round), wait_s, stop, gone=gone,
-                       max_bytes=meeting_piece_bound(max_rest)).get(host)
+                       max_bytes=_piece_bound(MAX_MEETING_BYTES, max_rest)).get(host)
     hosted, failed = _decoded(data, lambda piece: Meeting.decode(split_piece(piece)[0]),
                               f"{who} did not come to the round's meeting", f"{who} sent no meeting")
     if failed is not None:
@@ -532,10 +499,8 @@ def _joined(transport: Transport, me: str, mine: Meeting, host: str, address: An
                            payload=payload, max_rest=max_rest)
     if hosted.round != mine.round or hosted.group != mine.group:
         return Outcome(False, f"{who} planned another group (round {hosted.round})", {}, disagreed=True)
-    # our meeting goes with the request: the host reads it there, without a request of its own
     data = transport.fetch_many([(address, roster_key(mine.round, hosted.attempt))], wait_s=wait_s + go_wait_s,
-                                max_bytes=_piece_bound(MAX_ROSTER_BYTES, max_rest),
-                                deposit=join_piece(mine.encode(), payload))[0]
+                                max_bytes=_piece_bound(MAX_ROSTER_BYTES, max_rest))[0]
     result = b""
 
     def roster_of(piece: bytes) -> Roster:

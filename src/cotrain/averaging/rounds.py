@@ -41,7 +41,7 @@ from cotrain.averaging.allreduce import (AllReduceFailed, butterfly_allreduce, c
                                         group_tag, hosted, hosted_average, hosted_reduce, weighted_mean)
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.groups import (Meeting, group_of, hold_meeting, host_key, host_of, kept_group, meeting_key,
-                                     meeting_piece_bound, plan_arrival_groups, plan_groups)
+                                     plan_arrival_groups, plan_groups)
 from cotrain.averaging.outcome import (Kind, RoundResult, majority_holders, members_of, others_samples,
                                        round_outcome)
 from cotrain.averaging.overlap import PendingRound
@@ -221,9 +221,6 @@ class RoundAverager(abc.ABC):
         self.exchange = Exchange(dht, f"{run_id}_exchange", admission, keep_tags=8,
                                  limiter=UploadLimiter(upload_bps) if upload_bps else None)
         self.exchange.provide(STATE_KEY, self.state_bytes)
-        #: a meeting's members leave theirs with their requests for its host's roster (a hosted round's contribution
-        #: riding on it: the bound grows to that at the first such round, see _meet)
-        self.exchange.max_deposit_bytes = meeting_piece_bound()
         #: the hash of shared_tensors(), computed in the background after every change (see _apply_and_advance)
         self._state_hash = StateHash(self.shared_tensors())
         self._publisher.start()
@@ -798,7 +795,6 @@ class RoundAverager(abc.ABC):
         # the early meeting (this peer just took its H steps) waits for all its planned groupmates, or trains on
         # while round_decision waits for the slower ones; a later one (the round's wait is over, or a groupmate
         # already averages) goes with the planned peers that came and agree, two at least
-        self.exchange.max_deposit_bytes = meeting_piece_bound(hosting.max_rest if hosting else 0)
         outcome = hold_meeting(self.exchange, self.peer_id, mine, host, peers, self.cfg.matchmaking_time,
                                self.cfg.request_timeout, admitted, self._stop, subset=not launch.early, gone=gone,
                                walk_ins=lambda: self._walk_ins(launch.round), target=self.cfg.target_group_size,

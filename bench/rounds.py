@@ -40,7 +40,7 @@ from common import (Swarm, bench_parser, default_text, lstm_config, print_table,
                     work_folder, write_json)
 
 from cotrain.config import AveragingConfig, RunConfig  # noqa: E402
-from cotrain.footprint import PROC, TICKS, process_tree  # noqa: E402
+from cotrain.footprint import cpu_seconds  # noqa: E402
 from cotrain.models import build_model, count_parameters  # noqa: E402
 
 
@@ -60,21 +60,6 @@ def read_status(path: Path) -> dict:
         return json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):  # not written yet
         return {}
-
-
-def cpu_seconds(pid: int) -> tuple[float, float]:
-    """(CPU seconds of process ``pid``, of it and its descendants), user and system, from /proc (0 when gone)."""
-    own = tree = 0.0
-    for each in process_tree(pid):
-        try:
-            stat = (PROC / str(each) / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()
-            cpu = (int(fields[11]) + int(fields[12])) / TICKS
-        except (OSError, ValueError, IndexError):
-            continue  # exited while we looked
-        tree += cpu
-        own += cpu if each == pid else 0.0
-    return own, tree
 
 
 def one_run(args, nodes: int, hidden: int, formation: str) -> dict:

@@ -164,3 +164,67 @@ def test_a_peer_knows_who_asked_for_a_piece(pair):
     assert fetcher.fetch_many([(server.peer_id, "t10/meeting")], wait_s=1) == [b"m"]
     assert server.askers("t10/meeting", within_s=30) == {str(fetcher.peer_id)}
     assert server.askers("t10/meeting", within_s=0) == set()  # older than asked for
+
+
+def _wait_for_deposit(server, key: str, timeout: float = 10.0) -> dict:
+    deadline, seen = time.monotonic() + timeout, -1
+    while time.monotonic() < deadline:
+        seen = server.wait_deposits(seen, deadline - time.monotonic())
+        if server.deposits(key):
+            return server.deposits(key)
+    return {}
+
+
+def test_a_join_leaves_its_deposit_while_it_waits_and_is_answered_by_the_next_piece(pair):
+    """A meeting's member joins its host: its meeting waits with the request, where the host reads it, and the answer
+    is what the host publishes next (its roster), not what was there before the join came (an earlier meeting's)."""
+    fetcher, server, _, _ = pair
+    server.max_deposit_bytes = 1000
+    server.publish("j1", "j1/meeting", b"an earlier roster", settled=False)
+    sent, received = fetcher.bytes_sent, server.bytes_received
+    answer = {}
+    joining = threading.Thread(target=lambda: answer.setdefault(
+        "got", fetcher.join(server.peer_id, "j1/meeting", b"my meeting", wait_s=20)))
+    joining.start()
+    try:
+        assert _wait_for_deposit(server, "j1/meeting") == {str(fetcher.peer_id): b"my meeting"}
+        assert server.askers("j1/meeting", within_s=30) == {str(fetcher.peer_id)}
+        server.publish("j1", "j1/meeting", b"the roster", readers=1)
+    finally:
+        joining.join(30)
+    assert answer["got"] == b"the roster"
+    assert server.deposits("j1/meeting") == {} and server.reads_awaited == 0  # it left with its request
+    assert fetcher.bytes_sent - sent == server.bytes_received - received == len(b"my meeting")
+    # a settled piece (a meeting that went) answers a join that comes after it, at once
+    assert fetcher.join(server.peer_id, "j1/meeting", b"late", wait_s=20) == b"the roster"
+
+
+def test_a_deposit_larger_than_the_server_takes_is_refused_and_not_kept(pair):
+    fetcher, server, _, _ = pair
+    server.max_deposit_bytes = 100
+    server.publish("j2", "j2/meeting", b"roster")
+    refused = server.deposits_refused
+    assert fetcher.join(server.peer_id, "j2/meeting", b"x" * 101, wait_s=5) is None
+    assert server.deposits_refused == refused + 1 and server.deposits("j2/meeting") == {}
+    assert fetcher.join(server.peer_id, "j2/meeting", b"x" * 100, wait_s=5) == b"roster"
+
+
+def test_a_host_that_leaves_right_after_its_last_roster_answers_the_joins_waiting(dhts):
+    """The last round of a host whose node stops at once: the joins that wait get the roster and the result riding
+    on it, in one answer however large (a stream would be a second request, to a host that may be gone)."""
+    open_to_all = Admission("exchange", None, enabled=False)
+    member, host = Exchange(dhts[0], "last", open_to_all), Exchange(dhts[1], "last", open_to_all)
+    host.max_deposit_bytes = 1 << 20
+    roster = bytes(range(256)) * (3 * UNARY_MAX_BYTES // 256)  # a hosted result larger than one unary piece
+    answer = {}
+    joining = threading.Thread(target=lambda: answer.setdefault(
+        "got", member.join(host.peer_id, "r9/meeting", b"m" * 200_000, wait_s=30)))
+    joining.start()
+    try:
+        assert len(_wait_for_deposit(host, "r9/meeting")[str(member.peer_id)]) == 200_000
+        host.publish("r9", "r9/meeting", roster, readers=1)
+        host.shutdown()
+        joining.join(30)
+        assert answer["got"] == roster
+    finally:
+        member.shutdown(linger_s=0)

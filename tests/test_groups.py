@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cotrain.averaging.groups import (MAX_MEETING_BYTES, MAX_ROSTER_BYTES, WITHDRAWN, Meeting, Roster, group_of,
+from cotrain.averaging.groups import (MAX_MEETING_BYTES, MAX_ROSTER_BYTES, Meeting, Roster, decode_answer, group_of,
                                       hold_meeting, host_key, host_of, join_piece, kept_group, max_group_size,
                                       meeting_outcome, plan_arrival_groups, plan_groups, split_piece)
 
@@ -144,13 +144,17 @@ def test_a_group_meets_only_when_every_planned_peer_agrees():
 
 
 class Board:
-    """An in-memory network for hold_meeting: every peer's published pieces, fetched by key."""
+    """An in-memory network for hold_meeting: every peer's published pieces, and the joins that wait on them (each
+    with its deposit), as the exchange keeps them."""
 
     def __init__(self):
-        self.pieces: dict[tuple[str, str], bytes] = {}
-        self.asked: list[tuple[str, str]] = []  # (peer, key) of every fetch
-        self.askers: dict[tuple[str, str], set[str]] = {}  # (whose piece, key) -> who asked for it
-        self.dialled: set[tuple[str, str]] = set()  # (who fetched, from whom)
+        self.pieces: dict[tuple[str, str], tuple[bytes, int, bool]] = {}  # (owner, key) -> (piece, version, settled)
+        self.versions: dict[tuple[str, str], int] = {}
+        self.deposits: dict[tuple[str, str], dict[str, bytes]] = {}  # (whose, key) -> joiner -> its deposit
+        self.changes = 0  # deposits filed or dropped
+        self.asked: list[tuple[str, str]] = []  # (peer, key) of every join
+        self.askers: dict[tuple[str, str], set[str]] = {}  # (whose piece, key) -> who joined it
+        self.dialled: set[tuple[str, str]] = set()  # (who joined, whom)
         self.lock = threading.Condition()
 
     def transport(self, owner: str) -> "FakeTransport":
@@ -161,26 +165,59 @@ class FakeTransport:
     def __init__(self, board: Board, owner: str):
         self.board, self.owner = board, owner
 
-    def publish(self, tag, key, data, readers=0):
+    def publish(self, tag, key, data, readers=0, settled=True):
         with self.board.lock:
-            self.board.pieces[(self.owner, key)] = data
+            version = self.board.versions.get((self.owner, key), 0) + 1
+            self.board.versions[(self.owner, key)] = version
+            self.board.pieces[(self.owner, key)] = (data, version, settled)
             self.board.lock.notify_all()
 
     def fetch_many(self, requests, wait_s, max_bytes=None):
-        deadline = time.monotonic() + wait_s
         with self.board.lock:
             self.board.asked.extend(requests)
-            for peer, key in requests:
-                self.board.askers.setdefault((peer, key), set()).add(self.owner)
-                self.board.lock.notify_all()
             self.board.dialled.update((self.owner, peer) for peer, _ in requests)
-            while True:
-                got = [self.board.pieces.get((peer, key)) for peer, key in requests]
-                left = deadline - time.monotonic()
-                if all(g is not None for g in got) or left <= 0:  # a piece larger than max_bytes is none
-                    return [None if g is not None and max_bytes is not None and len(g) > max_bytes else g
-                            for g in got]
-                self.board.lock.wait(left)
+            self.board.lock.wait_for(lambda: all((p, k) in self.board.pieces for p, k in requests), wait_s)
+            got = [self.board.pieces.get((peer, key), (None,))[0] for peer, key in requests]
+            return [None if g is not None and max_bytes is not None and len(g) > max_bytes else g for g in got]
+
+    def withdraw(self, key):
+        with self.board.lock:
+            self.board.pieces.pop((self.owner, key), None)
+
+    def join(self, peer, key, deposit, wait_s, max_bytes=None):
+        b, deadline = self.board, time.monotonic() + wait_s
+        with b.lock:
+            b.asked.append((peer, key))
+            b.askers.setdefault((peer, key), set()).add(self.owner)
+            b.dialled.add((self.owner, peer))
+            box = b.deposits.setdefault((peer, key), {})
+            box[self.owner] = deposit
+            b.changes += 1
+            after = b.versions.get((peer, key), 0)
+            b.lock.notify_all()
+            try:
+                while True:
+                    data, version, settled = b.pieces.get((peer, key), (None, 0, True))
+                    if data is not None and (settled or version > after):
+                        return None if max_bytes is not None and len(data) > max_bytes else data
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    b.lock.wait(left)
+            finally:
+                if box.get(self.owner) is deposit:
+                    del box[self.owner]
+                    b.changes += 1
+                    b.lock.notify_all()
+
+    def deposits(self, key):
+        with self.board.lock:
+            return dict(self.board.deposits.get((self.owner, key), {}))
+
+    def wait_deposits(self, seen, timeout):
+        with self.board.lock:
+            self.board.lock.wait_for(lambda: self.board.changes > seen, timeout)
+            return self.board.changes
 
 
 def meet_all(plans: dict[str, list[str]], wait_s: float = 2.0, absent=(), subset: bool = False, gone=(),
@@ -188,9 +225,9 @@ def meet_all(plans: dict[str, list[str]], wait_s: float = 2.0, absent=(), subset
              reduced=None, payloads=None, max_rest: int = 0) -> dict:
     """Every peer of ``plans`` (peer -> the group it planned) holds its meeting on one board, in its own thread, at
     the host of its plan (its first member not in ``dial_out_only``); the peers in ``gone`` left the swarm (as the
-    progress board would tell the others). ``walk_ins``: hosts take the peers that asked for their meeting, and a
+    progress board would tell the others). ``walk_ins``: hosts take the peers that joined them unplanned, and a
     member follows its host to the host it names (every peer of ``plans`` is in each view). ``waits``: peer -> the
-    peers whose request for its host's meeting it waits for before it comes (so that they walk in before it does).
+    (host, peer) joins it waits for before it comes (so that they walk in before it does).
     ``reduced``: a dict: the meetings carry an all-reduce (each peer's payload is its name), and each host's reduce
     records there what it was given and returns the payloads joined; ``payloads``: peer -> its payload instead,
     ``max_rest``: the most a piece may carry."""
@@ -203,14 +240,13 @@ def meet_all(plans: dict[str, list[str]], wait_s: float = 2.0, absent=(), subset
         host = host_of(members, lambda peer: peer not in dial_out_only)
         mine = meeting(group=host_key(4, host))
         peers = {m: m for m in members if m != me}
-        came = (lambda: {p: p for p in board.askers.get((me, "meet-r4/meeting"), ())}) if walk_ins else None
         follow = lambda group: next(((p, p) for p in plans if walk_ins and host_key(4, p) == group), None)
         def reduce(payloads):
             reduced[me] = dict(payloads)
             return b"+".join(payload for _, payload in sorted(payloads.items()))
 
         outcomes[me] = hold_meeting(board.transport(me), me, mine, host, peers, wait_s, wait_s, admit_ok,
-                                    subset=subset, gone=lambda peer: peer in gone, walk_ins=came, target=target,
+                                    subset=subset, gone=lambda peer: peer in gone, walk_ins=walk_ins, target=target,
                                     follow=follow, reduce=reduce if reduced is not None else None,
                                     payload=(payloads or {}).get(me, me.encode()) if reduced is not None else b"",
                                     max_rest=max_rest)
@@ -297,13 +333,15 @@ def test_a_piece_carries_a_rest_that_its_head_does_not_see():
                                                            {"b": bad}, admit_ok).reason
 
 
-def test_only_the_host_reads_the_members_meetings():
-    """Members never fetch each other's meetings: two peers behind NAT, who cannot dial each other, meet through a
-    host they can both dial."""
+def test_a_member_makes_one_request_to_its_host_and_the_host_none():
+    """A round's meeting is one join a member: its meeting goes with it and the roster comes back on it. Members never
+    dial each other, nor does the host dial anybody: two peers behind NAT, who cannot be dialled, meet through a host
+    they can dial."""
     board = Board()
     outcomes = meet_all({p: ["a", "b", "c"] for p in "abc"}, board=board, dial_out_only={"a", "b"})
     assert all(o.ok and set(o.meetings) == {"a", "b", "c"} for o in outcomes.values()), outcomes
-    assert board.dialled == {("a", "c"), ("b", "c"), ("c", "a"), ("c", "b")}, board.dialled
+    assert board.dialled == {("a", "c"), ("b", "c")}, board.dialled
+    assert sorted(board.asked) == [("c", "meet-r4/meeting")] * 2, board.asked
     assert host_of(["a", "b"], lambda peer: False) is None  # nobody to dial: no meeting
 
 
@@ -352,26 +390,13 @@ def test_a_full_group_of_walk_ins_goes_without_a_planned_peer_that_does_not_come
     assert not any(o.ok for o in outcomes.values()), outcomes
 
 
-def test_a_walk_in_whose_meeting_is_withdrawn_is_not_waited_for():
-    # x asked for a's meeting, then withdrew its own (it went back to training): a asks it once and goes with b, its
-    # plan, instead of asking x again until the meeting's wait is over
+def test_a_walk_in_that_gave_up_is_not_taken_in():
+    # x joined a, then gave up (its join timed out: it went back to training): its meeting left with its request, so a
+    # goes with b, its plan, without x
     board = Board()
-    x = board.transport("x")
-    x.fetch_many([("a", "meet-r4/meeting")], wait_s=0.0)
-    x.publish("meet-r4", "meet-r4/meeting", WITHDRAWN)
+    assert board.transport("x").join("a", "meet-r4/meeting", meeting(group=host_key(4, "a")).encode(), 0.05) is None
     outcomes = meet_all({"a": ["a", "b"], "b": ["a", "b"]}, walk_ins=True, target=4, wait_s=600.0, board=board)
     assert set(outcomes) == {"a", "b"} and all(o.ok and set(o.meetings) == {"a", "b"} for o in outcomes.values())
-    assert [peer for peer, key in board.asked].count("x") == 1, board.asked
-
-
-def test_a_host_does_not_flood_a_planned_peer_whose_meeting_is_withdrawn():
-    # b withdrew its meeting (it went back to training): it answers at once with nothing. The host, looking for
-    # walk-ins, asks it again a tenth of a second apart, not as fast as the answers come
-    board = Board()
-    board.transport("b").publish("meet-r4", "meet-r4/meeting", WITHDRAWN)
-    outcomes = meet_all({"a": ["a", "b"]}, walk_ins=True, target=4, wait_s=1.0, board=board)
-    assert not outcomes["a"].ok
-    assert [peer for peer, key in board.asked].count("b") <= 15, len(board.asked)
 
 
 def test_a_member_follows_its_host_to_the_host_that_one_names():
@@ -400,22 +425,25 @@ def test_a_peer_that_planned_another_host_does_not_meet_and_the_others_go_withou
 
 
 def test_nobody_goes_when_a_planned_peer_does_not_come():
-    outcomes = meet_all({p: ["a", "b", "c"] for p in "abc"}, wait_s=0.5, absent={"c"})
+    board = Board()
+    outcomes = meet_all({p: ["a", "b", "c"] for p in "abc"}, wait_s=0.5, absent={"c"}, board=board)
     assert set(outcomes) == {"a", "b"} and not any(o.ok for o in outcomes.values())
     assert all("did not come" in o.reason for o in outcomes.values())
+    # b's join, and the host asking c what it does, twice a second; nobody asks b or the host anything else
+    assert board.asked[0] == ("a", "meet-r4/meeting") and set(board.asked[1:]) == {("c", "meet-r4/meeting")}
+    assert 1 <= len(board.asked[1:]) <= 2, board.asked
     outcomes = meet_all({p: ["a", "b", "c"] for p in "abc"}, wait_s=0.5, absent={"a"})  # the host did not come
     assert set(outcomes) == {"b", "c"} and not any(o.ok for o in outcomes.values())
 
 
 def test_a_member_does_not_go_with_a_hosts_earlier_meeting_that_did_not_fill():
-    # a (the host) held a meeting of the round that did not fill: its roster says so and its meeting is withdrawn.
-    # b, coming now, waits for a's next meeting and goes with it
+    # a (the host) held a meeting of the round that did not fill: its roster says so, and answers no join that comes
+    # after it. b, coming now, waits for a's next meeting and goes with it
     board = Board()
     key = host_key(4, "a")
     a_transport = board.transport("a")
-    a_transport.publish("meet-r4", "meet-r4/meeting", meeting(group=key).encode())
-    a_transport.publish("meet-r4", "meet-r4/roster/0", Roster(4, 0, {}, {}, "peer b did not come").encode())
-    a_transport.publish("meet-r4", "meet-r4/meeting", WITHDRAWN)
+    a_transport.publish("meet-r4", "meet-r4/meeting", Roster(4, 0, {}, {}, "peer b did not come").encode(),
+                        settled=False)
     outcomes = {}
     b = threading.Thread(target=lambda: outcomes.__setitem__("b", hold_meeting(
         board.transport("b"), "b", meeting(group=key), "a", {"a": "a"}, 2.0, 2.0, admit_ok)))
@@ -423,15 +451,25 @@ def test_a_member_does_not_go_with_a_hosts_earlier_meeting_that_did_not_fill():
     outcomes["a"] = hold_meeting(a_transport, "a", meeting(group=key, attempt=1), "a", {"b": "b"}, 2.0, 2.0, admit_ok)
     b.join(30)
     assert outcomes["a"].ok and outcomes["b"].ok, outcomes
+    # a meeting that went is settled: a member that comes after it learns at once that it went without it
+    late = hold_meeting(board.transport("c"), "c", meeting(group=key), "a", {"a": "a"}, 600.0, 600.0, admit_ok)
+    assert not late.ok and "went without us" in late.reason and late.disagreed, late
     # a roster that lists a member this meeting did not plan, or one with a forged credential: nobody goes with it
     for members in ({"a": meeting(group=key, attempt=2).encode(), "b": meeting(group=key).encode(),
                      "x": meeting(group=host_key(4, "x")).encode()},
                     {"a": meeting(group=key, attempt=2).encode(), "b": meeting(group=key).encode(),
                      "x": meeting(group=key, cred=b"forged").encode()}):
-        a_transport.publish("meet-r4", "meet-r4/meeting", meeting(group=key, attempt=2).encode())
-        a_transport.publish("meet-r4", "meet-r4/roster/2", Roster(4, 2, members, {"b": 0}, "").encode())
+        a_transport.publish("meet-r4", "meet-r4/meeting", Roster(4, 2, members, {"b": 0}, "").encode())
         b = hold_meeting(board.transport("b"), "b", meeting(group=key), "a", {"a": "a"}, 1.0, 1.0, admit_ok)
         assert not b.ok and "x" in b.reason, b
+
+
+def test_an_answer_is_a_roster_or_the_meeting_of_a_peer_that_meets_elsewhere():
+    roster = Roster(4, 1, {"a": b"{}"}, {}, "")
+    assert decode_answer(join_piece(roster.encode(), b"result")) == (roster, b"result")
+    assert decode_answer(meeting(group="x").encode()) == (meeting(group="x"), b"")
+    with pytest.raises(ValueError, match="roster"):
+        decode_answer(b'{"round": 4}')
 
 
 def test_a_roster_survives_the_wire_and_bad_bytes_name_the_field():

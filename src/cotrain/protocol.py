@@ -9,9 +9,11 @@ import grpc
 #: 2: progress records carry ``since`` (when the peer came to its round), and the board refuses records without it:
 #: a node of version 1 could not publish its progress to nodes of version 2, so the coordinator does not admit it.
 #: 3: a small vector's all-reduce rides with the board's meeting (a member's contribution with its meeting, the
-#: host's result with its roster): a node of version 2 would neither send the one nor read the other
-PROTOCOL_VERSION = 3
-SUPPORTED_PROTOCOL_VERSIONS = (3,)
+#: host's result with its roster): a node of version 2 would neither send the one nor read the other.
+#: 4: a member joins its host's meeting with one request that carries its meeting and waits for the roster
+#: (``FetchRequest.deposit``); a node of version 3 would wait for the host to fetch its meeting, which no host does
+PROTOCOL_VERSION = 4
+SUPPORTED_PROTOCOL_VERSIONS = (4,)
 
 #: a node's reachability, as the coordinator found it when it dialled the node's DHT address (RegisterPeer)
 PUBLIC, DIAL_OUT_ONLY = "public", "dial-out only"

@@ -200,9 +200,9 @@ def _aggregate(names: Sequence[str], payloads: Sequence[Optional[bytes]], numel:
 def hosted(numel: int, min_part_values: int) -> bool:
     """Whether a board group's all-reduce of ``numel`` values rides with its meeting: when the butterfly would have
     one reducer anyway (:func:`choose_reducers`), the host is that reducer. Each member's contribution comes with its
-    meeting and the result goes back with the host's roster: a round is 2 (n - 1) requests and two hops (a member's
-    piece to the host, the host's answer back) instead of 5 (n - 1) and five, and the host moves the same bytes the
-    single reducer did. On loopback with 2 cores a request costs 1-2 ms of CPU, which for a small vector is the
+    meeting and the result goes back with the host's roster: a round is n - 1 requests and two hops (a member's
+    join carrying its piece to the host, the host's answer back) instead of 5 (n - 1) and five, and the host moves
+    the same bytes the single reducer did. On loopback with 2 cores a request costs 1-2 ms of CPU, which for a small vector is the
     round's cost."""
     return min_part_values > 0 and numel // min_part_values <= 1
 

@@ -4,7 +4,9 @@ Every peer publishes pieces under string keys; its groupmates fetch them. A piec
 travels as one request and one answer (``FetchRequest`` -> ``FetchChunk``, a unary call over the persistent
 connection each process keeps to its libp2p daemon); larger ones and state downloads as a stream of chunks, which
 costs a new connection to the daemon at both ends. A fetch for a piece not published yet waits for it up to
-``wait_s``, so peers that reach a phase at slightly different times still meet. Every byte served and fetched is
+``wait_s``, so peers that reach a phase at slightly different times still meet. A request may leave a piece with the
+peer while it waits (:meth:`Exchange.join`: a meeting's member joins its host with its meeting, and the host's roster
+comes back on the same request), bounded in size and number. Every byte served and fetched is
 counted: these are the bytes the node actually put on, and took off, the wire: ``bytes_sent``/``bytes_received``
 for averaging, ``state_bytes_sent``/``state_bytes_received`` for the shared state served to joining peers and the
 coordinator's checkpointer.
@@ -49,6 +51,17 @@ UNARY_MAX_BYTES = 1 << 17
 #: what talking to a peer raises when the peer died, its daemon refused, or the stream broke or came garbled: part of
 #: a swarm's life (the piece is missing, the round goes on without it), not a fault of this peer's
 PEER_ERRORS = (P2PDaemonError, P2PHandlerError, OSError, EOFError, DecodeError)
+#: pieces peers leave with this one while their requests wait (``FetchRequest.deposit``, see :meth:`Exchange.join`):
+#: at most this many at once, of at most this many bytes in all (each at most ``Exchange.max_deposit_bytes``). A
+#: round's host holds one a groupmate, and one peer at most a few; more are refused (the request is answered
+#: "not found", and the peer's meeting fails like one that did not come)
+MAX_DEPOSITS = 512
+MAX_DEPOSITS_PER_PEER = 8
+MAX_DEPOSIT_TOTAL_BYTES = 64 << 20
+#: the largest piece a request leaves, and the largest answer to a request that left one: each goes in one message
+#: over the daemon's persistent connection (hivemind's limit is 4 MiB a message). A join is one request and one
+#: answer, never a stream: a host that has answered has nothing more to serve when it leaves
+MAX_DEPOSIT_BYTES = 2 << 20
 
 
 def _oversized(size: int, max_bytes: Optional[int]) -> bool:
@@ -117,6 +130,19 @@ class Exchange:
         #: pieces peers offered that were larger than the fetch's ``max_bytes`` (not taken in)
         self.oversized_pieces = 0
         self._last_oversized_log = 0.0
+        #: the largest piece a peer may leave with a request (0: none taken); its owner sets it to the largest it reads
+        self.max_deposit_bytes = 0
+        #: pieces left with requests, by key and then by the peer libp2p authenticated, while the request waits
+        self._deposits: dict[str, dict[str, bytes]] = {}
+        self._deposit_bytes = 0
+        #: counts every deposit filed or dropped: what :meth:`wait_deposits` waits to see change
+        self._deposit_events = 0
+        self._deposited = threading.Condition()
+        #: pieces peers tried to leave that were not kept (too large, or too many at once)
+        self.deposits_refused = 0
+        #: key -> (how many times a piece was published under it, whether the last one is settled): a request that
+        #: left a deposit is answered by a piece published after it came, or by a settled one
+        self._versions: dict[str, tuple[int, bool]] = {}
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._published: Optional[asyncio.Condition] = None
@@ -139,11 +165,13 @@ class Exchange:
         return p2p
 
     # ---- serving -------------------------------------------------------------------------------------------------
-    def publish(self, tag: str, key: str, data: bytes, readers: int = 0) -> None:
+    def publish(self, tag: str, key: str, data: bytes, readers: int = 0, settled: bool = True) -> None:
         """Make ``data`` fetchable under ``key``; keys belong to a round's ``tag``, old tags are dropped.
         ``readers``: how many groupmates will fetch it (an all-reduce's pieces), so that :meth:`shutdown` waits for
         exactly those reads; 0 for pieces nobody must have (a meeting's: a groupmate that misses it just fails to
-        meet)."""
+        meet). ``settled``: whether it answers the requests that leave a deposit and come after it (see
+        :meth:`join`); False for an answer that a later one replaces (a host's roster of a meeting that did not fill:
+        a peer that joins after it waits for the next)."""
         with self._lock:
             if tag not in self._tags:
                 self._tags.append(tag)
@@ -152,12 +180,20 @@ class Exchange:
                     for k in [k for k in self._outbox if k.startswith(old + "/")]:
                         del self._outbox[k]
                         self._awaited.pop(k, None)
+                        self._versions.pop(k, None)
             self._outbox[key] = data
+            self._versions[key] = (self._versions.get(key, (0, True))[0] + 1, settled)
             if readers > 0:
                 self._awaited[key] = readers
             else:
                 self._awaited.pop(key, None)
         asyncio.run_coroutine_threadsafe(self._notify(), self._loop)
+
+    def withdraw(self, key: str) -> None:
+        """Stop serving ``key`` (a meeting that did not fill): requests wait for its next piece, as if none had been."""
+        with self._lock:
+            self._outbox.pop(key, None)
+            self._awaited.pop(key, None)
 
     @property
     def reads_awaited(self) -> int:
@@ -193,6 +229,52 @@ class Exchange:
             self._asked[key] = asked  # the newest key last
             while len(self._asked) > 64:
                 del self._asked[next(iter(self._asked))]
+
+    def deposits(self, key: str) -> dict[str, bytes]:
+        """The pieces peers left with their requests for ``key`` that still wait for it (peer id -> piece): a meeting's
+        members join the host with their meetings, so the host reads them without a request of its own. A piece is
+        kept while its request waits, so a peer that gave up (its request timed out, or it went away) is gone here."""
+        with self._deposited:
+            return dict(self._deposits.get(key, {}))
+
+    def wait_deposits(self, seen: int, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for a deposit to be filed or dropped after the ``seen``-th (any key; 0 at
+        first); -> how many there have been."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._deposited:
+            while self._deposit_events <= seen and time.monotonic() < deadline:
+                self._deposited.wait(deadline - time.monotonic())
+            return self._deposit_events
+
+    def _file_deposit(self, key: str, peer: str, data: bytes) -> bool:
+        """Keep ``data`` as what ``peer`` left under ``key`` (its newest replaces an older one); False: not kept."""
+        with self._deposited:
+            box = self._deposits.get(key, {})
+            old = box.get(peer, b"")
+            count = sum(len(b) for b in self._deposits.values())
+            theirs = sum(peer in b for b in self._deposits.values())
+            if (len(data) > self.max_deposit_bytes
+                    or (peer not in box and (count >= MAX_DEPOSITS or theirs >= MAX_DEPOSITS_PER_PEER))
+                    or self._deposit_bytes - len(old) + len(data) > MAX_DEPOSIT_TOTAL_BYTES):
+                self.deposits_refused += 1
+                return False
+            self._deposits.setdefault(key, {})[peer] = data
+            self._deposit_bytes += len(data) - len(old)
+            self._deposit_events += 1
+            self._deposited.notify_all()
+            return True
+
+    def _drop_deposit(self, key: str, peer: str, data: bytes) -> None:
+        """The request that left ``data`` ended: forget it (unless a newer request of the peer replaced it)."""
+        with self._deposited:
+            box = self._deposits.get(key)
+            if box is not None and box.get(peer) is data:
+                del box[peer]
+                self._deposit_bytes -= len(data)
+                if not box:
+                    del self._deposits[key]
+                self._deposit_events += 1
+                self._deposited.notify_all()
 
     def provide(self, key: str, make: Callable[[], Optional[bytes]]) -> None:
         """Serve ``key`` by calling ``make()`` (in a worker thread) on every request: for data built on demand,
@@ -230,13 +312,23 @@ class Exchange:
             return pb.FetchChunk(found=False, refused=refused)
         if request.key in self._providers:
             return pb.FetchChunk(found=True, use_stream=True)
-        self._note_asker(request.key, str(context.remote_id))
+        peer = str(context.remote_id)
+        self._note_asker(request.key, peer)
+        deposit = request.deposit  # one object: protobuf hands out a new one at every read
+        filed, after = None, None
+        if deposit:  # kept while the request waits for its answer, which is a piece published since
+            self.bytes_received += len(deposit)
+            if not self._file_deposit(request.key, peer, deposit):
+                return pb.FetchChunk(found=False)
+            filed = deposit
+            with self._lock:
+                after = self._versions.get(request.key, (0, True))[0]
         self._serving += 1
         try:
-            data = await self._published_piece(request.key, request.wait_s)
+            data = await self._published_piece(request.key, request.wait_s, after)
             if data is None:
                 return pb.FetchChunk(found=False)
-            if len(data) > UNARY_MAX_BYTES:
+            if len(data) > (MAX_DEPOSIT_BYTES if filed is not None else UNARY_MAX_BYTES):
                 return pb.FetchChunk(found=True, total=len(data), use_stream=True)
             if self.limiter is not None:
                 await self.limiter.take(len(data))
@@ -246,17 +338,27 @@ class Exchange:
             return pb.FetchChunk(data=data, found=True, total=len(data))
         finally:
             self._serving -= 1
+            if filed is not None:
+                self._drop_deposit(request.key, peer, filed)
 
-    async def _published_piece(self, key: str, wait_s: float) -> Optional[bytes]:
-        """The piece under ``key``, waiting up to ``wait_s`` (at most 600 s) for it to be published."""
+    async def _published_piece(self, key: str, wait_s: float, after: Optional[int] = None) -> Optional[bytes]:
+        """The piece under ``key``, waiting up to ``wait_s`` (at most 600 s) for it to be published. ``after``: only a
+        piece published after the ``after``-th under the key, or a settled one, answers (None: any)."""
         deadline = time.monotonic() + min(max(wait_s, 0.0), 600.0)
+
+        def ready() -> bool:
+            if key not in self._outbox:
+                return False
+            version, settled = self._versions.get(key, (0, True))
+            return after is None or settled or version > after
+
         async with self._published:
-            while key not in self._outbox and time.monotonic() < deadline:
+            while not ready() and time.monotonic() < deadline:
                 try:
                     await asyncio.wait_for(self._published.wait(), timeout=max(0.0, deadline - time.monotonic()))
                 except asyncio.TimeoutError:
                     break
-        return self._outbox.get(key)
+        return self._outbox.get(key) if ready() else None
 
     async def _serve_chunks(self, request: pb.FetchRequest):
         if request.key in self._providers:
@@ -296,17 +398,26 @@ class Exchange:
     # ---- fetching ------------------------------------------------------------------------------------------------
     async def _fetch(self, peer: PeerID, key: str, wait_s: float,
                      on_progress: Optional[Callable[[int, int], None]] = None, state: bool = False,
-                     large: bool = False, max_bytes: Optional[int] = None) -> Optional[bytes]:
+                     large: bool = False, max_bytes: Optional[int] = None, deposit: bytes = b"") -> Optional[bytes]:
         """A piece, or None. An all-reduce piece is asked for in one request first; the answer is the piece, or that
         it is to be streamed (it is large). States, and pieces the caller expects to be ``large`` (more than
         ``UNARY_MAX_BYTES``), stream at once. A piece of more than ``max_bytes`` (as the peer announces it, or as
-        it comes) is none: it is not taken in."""
+        it comes) is none: it is not taken in. ``deposit``: left with the peer while the request waits (see
+        :meth:`join`)."""
         request = pb.FetchRequest(key=key, wait_s=wait_s, credential=self.admission.credential())
+        if deposit:
+            if self.limiter is not None:  # what we leave we upload: under our upload limit
+                await self.limiter.take(len(deposit))
+            request.deposit = deposit
         if not state and not large and on_progress is None:
             try:
                 answer = await self.p2p.call_protobuf_handler(peer, self.unary_name, request, pb.FetchChunk)
+                if deposit and not answer.refused:  # it arrived (the peer counts it as it takes it in)
+                    self.bytes_sent += len(deposit)
             except P2PDaemonError as e:  # its daemon refused the call (a peer of a version without it): stream
                 logger.debug("fetch %s from %s in one request failed: %r; streaming it", key, peer, e)
+                if deposit:  # a join is one request: a stream would answer with what was there before it came
+                    return None
             except PEER_ERRORS as e:  # the peer died, the connection broke
                 logger.debug("fetch %s from %s failed: %r", key, peer, e)
                 return None
@@ -320,6 +431,7 @@ class Exchange:
                     self._oversized(peer, key, answer.total, max_bytes)
                     return None
                 request.wait_s = 0.0  # it is published: the stream needs no wait
+        request.deposit = b""  # a stream leaves nothing (the answer is there, or the peer streams only)
         return await self._fetch_stream(peer, request, on_progress, state, max_bytes)
 
     def _oversized(self, peer: PeerID, key: str, size: int, max_bytes: Optional[int]) -> None:
@@ -425,6 +537,28 @@ class Exchange:
             if isinstance(r, Exception) and not isinstance(r, asyncio.TimeoutError):  # a timeout: the piece is late
                 self._unexpected_fetch_error(key, peer, r)
         return [r if isinstance(r, bytes) else None for r in results]
+
+    def join(self, peer: PeerID, key: str, deposit: bytes, wait_s: float,
+             max_bytes: Optional[int] = None) -> Optional[bytes]:
+        """Leave ``deposit`` with ``peer`` under ``key`` and wait, in the same request, for the piece it publishes
+        there next (or a settled one it has; see :meth:`publish`): a meeting's member joins its host with its
+        meeting and gets the host's roster back, one request a member and a round, which the host never dials.
+        -> the answer, or None when none came within ``wait_s`` (the peer is not there, it refused the deposit, or
+        it published nothing new in time). ``deposit`` and the answer each go in one message (at most
+        ``MAX_DEPOSIT_BYTES``); a larger deposit is not sent."""
+        if not deposit or len(deposit) > MAX_DEPOSIT_BYTES:
+            return None
+
+        async def one() -> Optional[bytes]:
+            return await self._fetch(peer, key, wait_s, max_bytes=max_bytes, deposit=deposit)
+
+        try:
+            return self._run(asyncio.wait_for(one(), timeout=wait_s + 10.0))
+        except (asyncio.TimeoutError, TimeoutError):
+            return None
+        except Exception as e:  # noqa: BLE001 - no dying peer explains it: counted, the first of a kind logged
+            self._unexpected_fetch_error(key, peer, e)
+            return None
 
     def fetch(self, peer: PeerID, key: str, wait_s: float, timeout: float,
               on_progress: Optional[Callable[[int, int], None]] = None, state: bool = False) -> Optional[bytes]:

@@ -5,14 +5,14 @@ timer before a byte moved. But the progress board already says who is at which r
 can compute the groups itself (:func:`plan_groups`: the round's peers in a fixed order, shuffled by a seed every
 peer knows and cut into groups of ``target_group_size``; on a sharded board, :func:`plan_arrival_groups`: the
 shard's peers in the order they came to the round) and then meet its groupmates at the group's host
-(:func:`host_of`: one of its members that can be dialled). Each publishes a small :class:`Meeting` (the host it
-names, its weight, its state hash and its credential); the host fetches its planned groupmates', decides
-(:func:`meeting_outcome`) and publishes a :class:`Roster` of who goes, which the others fetch
-(:func:`hold_meeting`). When they all come the all-reduce starts at once, a round trip or two after the last one
-got there. One peer decides, so those that go agree on the group; peers whose views of the board differ (one read
-it before a newcomer came) still meet: the host also takes in the peers that came to it unplanned (walk-ins: it
-learns of them from their requests for its meeting), and a member whose host's meeting names another host follows
-it there; and members behind NAT, who cannot dial each other, meet through the host. When the meeting does not
+(:func:`host_of`: one of its members that can be dialled). Each member joins the host with a small
+:class:`Meeting` (the host it names, its weight, its state hash and its credential), one request that waits for
+the host's answer; the host reads its planned groupmates' meetings from their requests, decides
+(:func:`meeting_outcome`) and publishes a :class:`Roster` of who goes, which answers them (:func:`hold_meeting`).
+When they all come the all-reduce starts at once, a round trip after the last one got there. One peer decides, so
+those that go agree on the group; peers whose views of the board differ (one read it before a newcomer came) still
+meet: the host also takes in the peers that joined it unplanned (walk-ins), and a member whose host meets elsewhere
+follows it to the host it names; and members behind NAT, who cannot be dialled, meet through the host. When the meeting does not
 fill the caller trains on and meets again, or falls back to hivemind's matchmaking. A meeting held once the round's
 wait is over (``subset``) goes with the planned peers that came and agree, when they are two or more.
 """
@@ -96,18 +96,15 @@ def group_of(me: str, groups: Sequence[Sequence[str]]) -> list[str]:
 
 
 def meeting_key(round_number: int) -> str:
-    """Where a peer publishes its meeting of a round (on its exchange, under :func:`meeting_tag`)."""
+    """Where a round's meeting takes place on a peer's exchange (under :func:`meeting_tag`): members join their host
+    there (their meetings left with the request, :meth:`Transport.join`), and the host answers with its roster; a
+    peer that meets elsewhere puts its own meeting there, so a peer whose view made it host learns where it went."""
     return f"{meeting_tag(round_number)}/meeting"
 
 
 def meeting_tag(round_number: int) -> str:
     """The exchange's tag of a round's meeting pieces (old rounds' tags are dropped)."""
     return f"meet-r{round_number}"
-
-
-def roster_key(round_number: int, attempt: int) -> str:
-    """Where a host publishes what it decided at its ``attempt``-th meeting of a round."""
-    return f"{meeting_tag(round_number)}/roster/{attempt}"
 
 
 def host_key(round_number: int, host: str) -> str:
@@ -124,6 +121,12 @@ PIECE_WITH_REST = b"\x01"
 def _piece_bound(max_head: int, max_rest: int) -> int:
     """The most bytes a piece of a head of up to ``max_head`` bytes and a rest of up to ``max_rest`` takes."""
     return 5 + max_head + max_rest
+
+
+def meeting_piece_bound(max_rest: int = 0) -> int:
+    """The most bytes a member's meeting takes with a rest of up to ``max_rest`` riding on it (a hosted all-reduce's
+    contribution): what a host takes in with a join (``Exchange.max_deposit_bytes``)."""
+    return _piece_bound(MAX_MEETING_BYTES, max_rest)
 
 
 def join_piece(head: bytes, rest: bytes = b"") -> bytes:
@@ -280,40 +283,31 @@ def max_group_size(target: int) -> int:
 
 class Transport(Protocol):
     """What a meeting needs of the network (:class:`cotrain.averaging.exchange.Exchange` in a node; an in-memory fake
-    in unit tests): publish a piece under a key, fetch pieces from peers."""
-
-    def publish(self, tag: str, key: str, data: bytes, readers: int = 0) -> None: ...
+    in unit tests)."""
 
     def fetch_many(self, requests: Sequence[tuple[Any, str]], wait_s: float,
-                   max_bytes: Optional[int] = None) -> list[Optional[bytes]]: ...
+                   max_bytes: Optional[int] = None) -> list[Optional[bytes]]:
+        """What each (peer, key) serves, waiting up to ``wait_s`` for a piece to be there."""
+
+    def publish(self, tag: str, key: str, data: bytes, readers: int = 0, settled: bool = True) -> None:
+        """Serve ``data`` under ``key``. ``settled``: it answers joins that come after it too (else a join waits for
+        the next piece)."""
+
+    def withdraw(self, key: str) -> None:
+        """Serve nothing under ``key`` until the next publish."""
+
+    def join(self, peer: Any, key: str, deposit: bytes, wait_s: float,
+             max_bytes: Optional[int] = None) -> Optional[bytes]:
+        """Leave ``deposit`` with ``peer`` under ``key`` while waiting, in the same request, for the first piece it
+        publishes there after the deposit came (or a settled one it has); None: nothing within ``wait_s``."""
+
+    def deposits(self, key: str) -> Mapping[str, bytes]:
+        """The deposits of the joins under ``key`` that still wait (peer -> piece)."""
+
+    def wait_deposits(self, seen: int, timeout: float) -> int:
+        """Wait up to ``timeout`` for the deposits to change after the ``seen``-th change; -> the changes so far."""
 
 
-def fetch_until(transport: Transport, peers: Mapping[str, Any], key: str, wait_s: float,
-                stop: Optional[threading.Event] = None, retry_s: float = 0.1,
-                gone: Callable[[str], bool] = lambda peer: False,
-                max_bytes: Optional[int] = None) -> dict[str, Optional[bytes]]:
-    """``key`` from every peer (id -> transport address), trying again whoever did not answer until ``wait_s`` has
-    passed: a peer reachable only over a connection it opens (behind NAT) answers once it has come to the round.
-    ``gone(peer)``: the peer left the swarm (its record on the board says so): nobody asks it again. ``max_bytes``:
-    the most a piece may hold (a larger one is none)."""
-    stop = stop or threading.Event()
-    deadline = time.monotonic() + wait_s
-    received: dict[str, Optional[bytes]] = {}
-    while True:
-        # nothing yet, or withdrawn (WITHDRAWN), from a peer still in the swarm
-        missing = [name for name in peers if not received.get(name) and not gone(name)]
-        left = deadline - time.monotonic()
-        if not missing or left <= 0 or stop.is_set():
-            return received
-        got = transport.fetch_many([(peers[name], key) for name in missing], wait_s=left, max_bytes=max_bytes)
-        received.update(zip(missing, got))
-        if not all(got):
-            stop.wait(min(retry_s, max(0.0, deadline - time.monotonic())))
-
-
-#: what stands under a peer's meeting key once its meeting did not fill: its host, meeting again, waits for its next
-#: meeting instead of reading the old one (and the old one's groupmates read that it was withdrawn)
-WITHDRAWN = b""
 #: a roster lists a group's meetings (a few hundred bytes each): far more than any group's
 MAX_ROSTER_BYTES = 256 * 1024
 MAX_ROSTER_MEMBERS = 256
@@ -367,82 +361,94 @@ class Roster:
                    raw["reason"][:200])
 
 
-#: how often a host waiting for its planned groupmates looks for peers that walked in (asked for its meeting)
-WALK_IN_POLL_S = 0.25
+#: how often a host waiting for its planned groupmates' joins looks again at who left the swarm (the board says so)
+GONE_POLL_S = 0.25
+#: how often a host asks the planned groupmates that have not joined it what they do instead (a peer meeting elsewhere
+#: answers with its meeting: its view of the board differs, and the meeting need not wait for it); the first time
+#: GONE_POLL_S after it came. In a group that meets round after round everyone joins within it, and nobody is asked
+ASK_MISSING_S = 0.5
 
 
 def hold_meeting(transport: Transport, me: str, mine: Meeting, host: str, peers: Mapping[str, Any], wait_s: float,
                  go_wait_s: float, admitted: Callable[[str, bytes], bool],
                  stop: Optional[threading.Event] = None, subset: bool = False,
-                 gone: Callable[[str], bool] = lambda peer: False,
-                 walk_ins: Optional[Callable[[], Mapping[str, Any]]] = None, target: int = 0,
+                 gone: Callable[[str], bool] = lambda peer: False, walk_ins: bool = False, target: int = 0,
                  follow: Callable[[str], Optional[tuple[str, Any]]] = lambda group: None, payload: bytes = b"",
-                 reduce: Optional[Callable[[dict[str, bytes]], bytes]] = None, max_rest: int = 0) -> Outcome:
+                 reduce: Optional[Callable[[dict[str, bytes]], bytes]] = None, max_rest: int = 0,
+                 dialable: Callable[[str], bool] = lambda peer: True) -> Outcome:
     """This peer's side of a board group's meeting, whose ``host`` (:func:`host_of`) decides who goes.
 
-    Every member publishes ``mine`` (naming the host: :func:`host_key`); the host fetches its planned groupmates'
-    (``peers``: id -> transport address, ``me`` excluded) for up to ``wait_s``, decides (:func:`meeting_outcome`)
-    and publishes the :class:`Roster`; the others fetch the host's meeting and then its roster (up to ``wait_s`` and
-    ``go_wait_s`` more) and go when it lists them, with the meetings it lists. One peer decides, so the members
-    that go all go with the same group, and two peers that plan differently (one read the board before a newcomer
-    came) still meet when they name the same host and the host planned them. A member never fetches another
-    member's meeting: two peers behind NAT, who cannot dial each other, meet through a host they can both dial.
+    A member joins the host (:meth:`Transport.join`): one request that carries its meeting ``mine`` (naming the
+    host: :func:`host_key`) and waits up to ``wait_s`` + ``go_wait_s`` for the host's :class:`Roster`. The host reads
+    its planned groupmates' meetings from their joins (``peers``: id -> transport address, ``me`` excluded) for up
+    to ``wait_s``, decides (:func:`meeting_outcome`) and publishes the roster, which answers every join waiting; the
+    members go when it lists them, with the meetings it lists. A round is one request a member (it was three: the
+    host fetched each meeting, each member fetched the host's meeting and then its roster), and nobody dials a
+    member: members behind NAT, who cannot be dialled, meet through a host they can dial. One peer decides, so the
+    members that go all go with the same group, and two peers that plan differently (one read the board before a
+    newcomer came) still meet when they name the same host and the host planned them.
     ``subset``: the host goes with the planned peers that came and agree, without the others.
-    ``gone(peer)``: a planned groupmate left the swarm since the plan (the board says so): not waited for.
+    ``gone(peer)``: a planned groupmate left the swarm since the plan (the board says so): not waited for. A planned
+    groupmate that has not joined is asked what it does (every :data:`ASK_MISSING_S`, when ``dialable(peer)``: not
+    behind NAT): one that meets elsewhere is not waited for either, and the meeting fails as "planned another group"
+    (or, with ``subset``, goes without it).
 
-    Views of the board differ, so a host also takes ``walk_ins()`` (id -> address: the peers that asked for its
-    meeting of the round, which it did not plan) into its group, up to ``target``'s bound (see
-    :func:`meeting_outcome`); and a member whose host's meeting names another host follows it there once:
-    ``follow(group)`` -> (that host's id, address) when this member's view knows it (the host had seen an earlier
-    peer that the member had not).
+    Views of the board differ, so a host with ``walk_ins`` also takes the peers that joined it unplanned into its
+    group, up to ``target``'s bound (see :func:`meeting_outcome`). A member meeting elsewhere puts its own meeting
+    where its joins are answered, so a peer whose view made it host learns where it went, and follows it there once
+    when ``follow(group)`` -> (that host's id, address) (its view knows that host; the host had seen an earlier peer
+    that the member had not).
 
     A hosted all-reduce (:func:`cotrain.averaging.allreduce.hosted`) rides with the meeting: every member's
     ``payload`` (its contribution) goes with its meeting, the host calls ``reduce(payloads)`` (peer -> payload of
-    those that go, its own included; empty: none came) and sends what it returns with its roster, as
-    ``Outcome.result``. ``max_rest``: the most bytes either may hold (a piece from a peer that holds more is none).
+    those that go, its own included) and sends what it returns with its roster, as ``Outcome.result``.
+    ``max_rest``: the most bytes either may hold (a piece from a peer that holds more is none).
     """
     if me == host:
         return _host_meeting(transport, me, mine, peers, wait_s, admitted, stop, subset, gone, walk_ins, target,
-                             payload, reduce, max_rest)
-    tag = meeting_tag(mine.round)
-    transport.publish(tag, meeting_key(mine.round), join_piece(mine.encode(), payload))
+                             payload, reduce, max_rest, dialable)
+    tag, key = meeting_tag(mine.round), meeting_key(mine.round)
+    transport.publish(tag, key, mine.encode())  # for the peers whose view made us their host: we meet elsewhere
     outcome = _joined(transport, me, mine, host, peers[host], wait_s, go_wait_s, admitted, stop, gone, follow,
                       payload, max_rest)
-    if not outcome.ok:  # the host's next meeting must not read this one
-        transport.publish(tag, meeting_key(mine.round), WITHDRAWN)
+    if not outcome.ok:  # a peer joining us waits for what we do next in the round
+        transport.withdraw(key)
     return outcome
 
 
 def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[str, Any], wait_s: float,
-                  admitted, stop, subset: bool, gone, walk_ins, target: int, payload: bytes = b"",
-                  reduce: Optional[Callable[[dict[str, bytes]], bytes]] = None, max_rest: int = 0) -> Outcome:
+                  admitted, stop, subset: bool, gone, walk_ins: bool, target: int, payload: bytes = b"",
+                  reduce: Optional[Callable[[dict[str, bytes]], bytes]] = None, max_rest: int = 0,
+                  dialable: Callable[[str], bool] = lambda peer: True) -> Outcome:
     tag, key = meeting_tag(mine.round), meeting_key(mine.round)
-    transport.publish(tag, key, mine.encode())
     stop = stop or threading.Event()
-    deadline = time.monotonic() + wait_s
-    received: dict[str, Optional[bytes]] = {}
-    walked: dict[str, Optional[bytes]] = {}
+    started = time.monotonic()
+    deadline, ask_at = started + wait_s, started + GONE_POLL_S
+    bound = meeting_piece_bound(max_rest)
+    elsewhere: dict[str, bytes] = {}  # planned peers that meet elsewhere -> their meetings (naming another host)
+    came = True  # a join came (or went) since the last look
     while True:
-        # each walk-in is asked once: it published its meeting before it asked for ours, so an answer that is not
-        # there at once (none, or withdrawn) is one that will not come in time
-        came = {peer: address for peer, address in (walk_ins() if walk_ins else {}).items()
-                if peer != me and peer not in peers and peer not in walked}
+        changes = transport.wait_deposits(-1, 0.0)  # a join after this read wakes the wait below
+        joined = {peer: data for peer, data in transport.deposits(key).items() if peer != me and len(data) <= bound}
+        received = {peer: joined.get(peer) or elsewhere.get(peer) for peer in peers}
+        walked = {peer: data for peer, data in joined.items() if peer not in peers} if walk_ins else {}
         missing = [peer for peer in peers if not received.get(peer) and not gone(peer)]
-        left = deadline - time.monotonic()
-        if (not missing and not came) or left <= 0 or stop.is_set():
+        now = time.monotonic()
+        left = deadline - now
+        if not missing or left <= 0 or stop.is_set():
             break
-        if not came and meeting_outcome(me, mine, [me, *peers], received, admitted, walk_ins=walked,
-                                        target=target).ok:
-            break  # a full group of walk-ins: no need to wait for the planned peers that did not come
-        # walk-ins have published their meetings before asking for ours: their answers come at once. A planned
-        # peer's request waits on its peer; with walk-ins possible, it is cut short to look for more of them
-        got = transport.fetch_many([(peers[peer], key) for peer in missing] + [(a, key) for a in came.values()],
-                                   wait_s=min(left, WALK_IN_POLL_S) if walk_ins else left,
-                                   max_bytes=_piece_bound(MAX_MEETING_BYTES, max_rest))
-        received.update(zip(missing, got))
-        walked.update(zip(came, got[len(missing):]))
-        if not all(got[:len(missing)]):  # a withdrawn meeting answers at once: not again at once
-            stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+        if now >= ask_at:
+            ask_at = now + ASK_MISSING_S
+            elsewhere.update(_meeting_elsewhere(transport, mine, {p: peers[p] for p in missing if dialable(p)},
+                                                _piece_bound(MAX_ROSTER_BYTES, max_rest)))
+            if any(p in elsewhere for p in missing):
+                continue
+        if not came and walked and meeting_outcome(me, mine, [me, *peers], received, admitted, walk_ins=walked,
+                                                   target=target).ok:
+            # a full group with walk-ins, and nobody came for GONE_POLL_S: no need to wait for the planned peers
+            # that did not come
+            break
+        came = transport.wait_deposits(changes, min(left, GONE_POLL_S)) != changes
     outcome = meeting_outcome(me, mine, [me, *peers], received, admitted, subset=subset, walk_ins=walked,
                               target=target)
     seen, payloads = {}, {me: payload}
@@ -458,12 +464,37 @@ def _host_meeting(transport: Transport, me: str, mine: Meeting, peers: Mapping[s
     if outcome.ok and reduce is not None:
         result = reduce({peer: payloads.get(peer, b"") for peer in outcome.meetings})
         outcome = dataclasses.replace(outcome, result=result)
-    transport.publish(tag, roster_key(mine.round, mine.attempt), join_piece(Roster(
+    # answers the joins waiting. A meeting that went is settled: a join that comes later learns it went without it
+    # (and a leaving host waits until its members have read it); one that did not fill is not: joins that come after
+    # it wait for this host's next meeting of the round
+    transport.publish(tag, key, join_piece(Roster(
         mine.round, mine.attempt, members, {p: a for p, a in seen.items() if a is not None}, outcome.reason).encode(),
-        result), readers=len(members) - 1 if result else 0)  # a leaving host waits until its members have the result
-    if not outcome.ok:  # after the roster: a member that read this meeting reads that it did not fill
-        transport.publish(tag, key, WITHDRAWN)
+        result), readers=max(0, len(members) - 1), settled=outcome.ok)
     return outcome
+
+
+def _meeting_elsewhere(transport: Transport, mine: Meeting, peers: Mapping[str, Any],
+                       max_bytes: int) -> dict[str, bytes]:
+    """Ask ``peers`` (id -> address) what they do at ``mine``'s round now -> those that meet elsewhere: peer -> its
+    meeting (a member's, or its own as the host of its roster), naming another host."""
+    if not peers:
+        return {}
+    out = {}
+    got = transport.fetch_many([(address, meeting_key(mine.round)) for address in peers.values()], wait_s=0.0,
+                               max_bytes=max_bytes)
+    for peer, data in zip(peers, got):
+        try:
+            answer = decode_answer(data)[0] if data else None
+        except ValueError:
+            continue
+        meeting = answer.members.get(peer) if isinstance(answer, Roster) else answer
+        try:
+            meeting = Meeting.decode(meeting) if isinstance(meeting, bytes) else meeting
+        except ValueError:
+            continue
+        if meeting is not None and meeting.round == mine.round and meeting.group != mine.group:
+            out[peer] = meeting.encode()
+    return out
 
 
 def _decoded(data: Optional[bytes], decode: Callable[[bytes], Any], missing: str,
@@ -478,41 +509,51 @@ def _decoded(data: Optional[bytes], decode: Callable[[bytes], Any], missing: str
         return None, Outcome(False, f"{bad} ({e})", {})
 
 
+def decode_answer(piece: bytes) -> tuple[Any, bytes]:
+    """What a peer answered a join with -> (its :class:`Roster`, or its :class:`Meeting` when it meets elsewhere; the
+    rest riding on it). Raises ValueError for bytes that are neither (they come from a peer)."""
+    head, rest = split_piece(piece)
+    try:
+        return Roster.decode(head), rest
+    except ValueError as not_roster:
+        try:
+            return Meeting.decode(head), rest
+        except ValueError:
+            raise not_roster from None
+
+
 def _joined(transport: Transport, me: str, mine: Meeting, host: str, address: Any, wait_s: float,
             go_wait_s: float, admitted, stop, gone, follow=lambda group: None, payload: bytes = b"",
             max_rest: int = 0) -> Outcome:
     who = f"the group's host {host[-8:]}"
-    # a host's own meeting carries nothing, but a peer this member's view made host may be a member of another
-    # group in its own (its meeting carries its contribution): that is "planned another group", not "did not come"
-    data = fetch_until(transport, {host: address}, meeting_key(mine.round), wait_s, stop, gone=gone,
-                       max_bytes=_piece_bound(MAX_MEETING_BYTES, max_rest)).get(host)
-    hosted, failed = _decoded(data, lambda piece: Meeting.decode(split_piece(piece)[0]),
-                              f"{who} did not come to the round's meeting", f"{who} sent no meeting")
+    stop = stop or threading.Event()
+    deadline = time.monotonic() + wait_s + go_wait_s
+    deposit = join_piece(mine.encode(), payload)
+    data = None
+    # a peer reachable only over a connection it opens (behind NAT) answers once it has come to the round: a join
+    # that failed at once is made again while time remains
+    while not data and not stop.is_set() and not gone(host) and time.monotonic() < deadline:
+        data = transport.join(address, meeting_key(mine.round), deposit, deadline - time.monotonic(),
+                              max_bytes=_piece_bound(MAX_ROSTER_BYTES, max_rest))
+        if not data:
+            stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+    answer, failed = _decoded(data, decode_answer, f"{who} did not come to the round's meeting",
+                              f"{who} sent no roster")
     if failed is not None:
         return failed
-    if hosted.round == mine.round and hosted.group != mine.group:
-        there = follow(hosted.group)
-        if there is not None and there[0] not in (me, host):  # once: the host it names hosts its own group
-            moved = dataclasses.replace(mine, group=hosted.group)
-            transport.publish(meeting_tag(mine.round), meeting_key(mine.round), join_piece(moved.encode(), payload))
-            return _joined(transport, me, moved, there[0], there[1], wait_s, go_wait_s, admitted, stop, gone,
-                           payload=payload, max_rest=max_rest)
-    if hosted.round != mine.round or hosted.group != mine.group:
+    if isinstance(answer[0], Meeting):  # it meets elsewhere: its view differs from ours
+        hosted = answer[0]
+        if hosted.round == mine.round and hosted.group != mine.group:
+            there = follow(hosted.group)
+            if there is not None and there[0] not in (me, host):  # once: the host it names hosts its own group
+                moved = dataclasses.replace(mine, group=hosted.group)
+                transport.publish(meeting_tag(mine.round), meeting_key(mine.round), moved.encode())
+                return _joined(transport, me, moved, there[0], there[1], wait_s, go_wait_s, admitted, stop, gone,
+                               payload=payload, max_rest=max_rest)
         return Outcome(False, f"{who} planned another group (round {hosted.round})", {}, disagreed=True)
-    data = transport.fetch_many([(address, roster_key(mine.round, hosted.attempt))], wait_s=wait_s + go_wait_s,
-                                max_bytes=_piece_bound(MAX_ROSTER_BYTES, max_rest))[0]
-    result = b""
-
-    def roster_of(piece: bytes) -> Roster:
-        nonlocal result
-        head, result = split_piece(piece)
-        return Roster.decode(head)
-
-    roster, failed = _decoded(data, roster_of, f"{who} did not say whom it went with", f"{who} sent no roster")
-    if failed is not None:
-        return failed
-    if roster.round != mine.round or roster.attempt != hosted.attempt:
-        return Outcome(False, f"{who} sent the roster of another meeting", {})
+    roster, result = answer
+    if roster.round != mine.round:
+        return Outcome(False, f"{who} sent the roster of another round", {})
     if me not in roster.members:
         if not roster.members:
             return Outcome(False, f"{who}'s meeting did not fill ({roster.reason})", {})

@@ -41,7 +41,7 @@ from cotrain.averaging.allreduce import (AllReduceFailed, butterfly_allreduce, c
                                         group_tag, hosted, hosted_average, hosted_reduce, weighted_mean)
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.groups import (Meeting, group_of, hold_meeting, host_key, host_of, kept_group, meeting_key,
-                                     plan_arrival_groups, plan_groups)
+                                     meeting_piece_bound, plan_arrival_groups, plan_groups)
 from cotrain.averaging.outcome import (Kind, RoundResult, majority_holders, members_of, others_samples,
                                        round_outcome)
 from cotrain.averaging.overlap import PendingRound
@@ -221,6 +221,9 @@ class RoundAverager(abc.ABC):
         self.exchange = Exchange(dht, f"{run_id}_exchange", admission, keep_tags=8,
                                  limiter=UploadLimiter(upload_bps) if upload_bps else None)
         self.exchange.provide(STATE_KEY, self.state_bytes)
+        #: a meeting's members join its host with their meetings (a hosted round's contribution riding on them)
+        numel = sum(p.numel() for p in self.params)
+        self.exchange.max_deposit_bytes = meeting_piece_bound(_Hosting.max_rest_of(numel) if self._hosts(numel) else 0)
         #: the hash of shared_tensors(), computed in the background after every change (see _apply_and_advance)
         self._state_hash = StateHash(self.shared_tensors())
         self._publisher.start()
@@ -797,7 +800,8 @@ class RoundAverager(abc.ABC):
         # already averages) goes with the planned peers that came and agree, two at least
         outcome = hold_meeting(self.exchange, self.peer_id, mine, host, peers, self.cfg.matchmaking_time,
                                self.cfg.request_timeout, admitted, self._stop, subset=not launch.early, gone=gone,
-                               walk_ins=lambda: self._walk_ins(launch.round), target=self.cfg.target_group_size,
+                               walk_ins=True, target=self.cfg.target_group_size,
+                               dialable=lambda peer: not any(p.peer_id == peer and not p.reducer for p in self._peers),
                                follow=follow, payload=hosting.piece if hosting else b"",
                                reduce=hosting.reduce if hosting else None,
                                max_rest=hosting.max_rest if hosting else 0)
@@ -957,10 +961,12 @@ class RoundAverager(abc.ABC):
         """This round's all-reduce rides with the board's meeting (:func:`~cotrain.averaging.allreduce.hosted`: a
         vector the butterfly would give one reducer, a one-pass codec) -> what the meeting carries; else None."""
         numel = sum(c.numel() for c in contribution)
-        if self.powersgd is not None or isinstance(self.codec, SparseLowBit) or not hosted(
-                numel, self.cfg.min_part_values):
-            return None
-        return _Hosting(contribution, numel, weight, self)
+        return _Hosting(contribution, numel, weight, self) if self._hosts(numel) else None
+
+    def _hosts(self, numel: int) -> bool:
+        """Whether a contribution of ``numel`` values rides with the meeting (see :meth:`_hosting`)."""
+        return self.powersgd is None and not isinstance(self.codec, SparseLowBit) and hosted(
+            numel, self.cfg.min_part_values)
 
     def _flag(self, dropped: dict) -> None:
         for peer, why in dropped.items():
@@ -1041,7 +1047,11 @@ class _Hosting:
     @property
     def max_rest(self) -> int:
         """The most bytes a groupmate's contribution, or the host's result, may take (a larger piece is none)."""
-        return 8 + encoded_bound(self.numel)
+        return self.max_rest_of(self.numel)
+
+    @staticmethod
+    def max_rest_of(numel: int) -> int:
+        return 8 + encoded_bound(numel)
 
     def reduce(self, pieces: dict[str, bytes]) -> bytes:
         return hosted_reduce(pieces, self.numel, self.averager.codec, self.averager.aggregator, self.dropped)

@@ -7,14 +7,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class FetchRequest(_message.Message):
-    __slots__ = ("key", "wait_s", "credential")
+    __slots__ = ("key", "wait_s", "credential", "deposit")
     KEY_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    DEPOSIT_FIELD_NUMBER: _ClassVar[int]
     key: str
     wait_s: float
     credential: bytes
-    def __init__(self, key: _Optional[str] = ..., wait_s: _Optional[float] = ..., credential: _Optional[bytes] = ...) -> None: ...
+    deposit: bytes
+    def __init__(self, key: _Optional[str] = ..., wait_s: _Optional[float] = ..., credential: _Optional[bytes] = ..., deposit: _Optional[bytes] = ...) -> None: ...
 
 class FetchChunk(_message.Message):
     __slots__ = ("data", "found", "total", "refused", "use_stream")

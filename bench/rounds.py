@@ -6,8 +6,8 @@ the group formed from the progress board (``group_formation = "board"``) and by 
 Every run is a real swarm on this machine (coordinator and node processes) training a byte-level LSTM with one
 local step per round (DiLoCo, H=1, no compression), so that a round is almost all averaging. The model's hidden
 size sets the payload (the fp32 pseudo-gradient each node contributes). Each node writes its heartbeat figures to
-``STATE_DIR/status.json`` at every new round; the bench reads them as the rounds go and takes, between round
-``--warmup`` and the last, the wall time per round and the part of it that is not computing (``overhead``:
+``STATE_DIR/status.json`` as its rounds go (at most every half second); the bench reads them and takes, between the
+first round it saw from ``--warmup`` on and the last, the wall time per round and the part of it that is not computing (``overhead``:
 matchmaking or the board's meeting, the all-reduce, the outer step), split further into the meeting (which includes
 waiting for the last groupmate to finish its step: on a shared machine, the others' compute) and the all-reduce, as
 the nodes report them. The fixed part of a round is the overhead at the smallest payload. A payload small enough
@@ -74,14 +74,17 @@ def one_run(args, nodes: int, hidden: int, formation: str) -> dict:
         procs = [swarm.start_node(name, ["--threads", "1", "--wait-peers", str(nodes), "--max-rounds",
                                          str(args.rounds)]) for name in names]
         deadline = time.monotonic() + args.timeout
+        # looked at ten times a second: the bench shares the machine with the swarm it measures (reading every
+        # status file 50 times a second, and the CPU of every process tree at every round, took 0.16 of the 2 cores
+        # at 8 nodes). The figures are running totals, so two snapshots a node, far apart, give the rounds between
         while any(p.alive() for p in procs) and time.monotonic() < deadline:
             for name, proc in zip(names, procs):
                 status = read_status(tmp / name / "status.json")
-                if status and status["round"] not in seen[name]:
+                if status and status["round"] not in seen[name] and proc.alive():
                     seen[name][status["round"]] = (status["wall_s"], status["compute_s"], status["meet_s"],
                                                    status["allreduce_s"], *cpu_seconds(proc.pid))
                     groups[name] = (status["groups_from_board"], status["groups_matchmade"])
-            time.sleep(0.02)
+            time.sleep(0.1)
         codes = swarm.stop_nodes()
     if any(codes):
         raise RuntimeError(f"node exit codes {codes} (run again with --keep to read their logs)")

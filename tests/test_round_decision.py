@@ -2,8 +2,8 @@
 
 import pytest
 
-from cotrain.averaging.progress import (Action, PeerProgress, RoundRules, progress_schema, round_decision, round_peers,
-                                        shard_key, shard_of)
+from cotrain.averaging.progress import (Action, PeerProgress, RoundRules, board_steady, progress_schema, round_decision,
+                                        round_peers, shard_key, shard_of)
 
 RULES = RoundRules(inner_steps=10, round_wait=30.0, stale_after=4.0)
 NOW = 1000.0
@@ -118,3 +118,13 @@ def test_a_sharded_board_has_one_schema_field_per_shard_key():
     fields = set(progress_schema(4).__fields__)
     assert {f"run_{f}" for f in fields} == {shard_key("run", s) for s in range(4)}
     assert shard_key("run", 0) == "run_progress"  # one shard: the board's key as it always was
+
+
+def test_the_board_is_steady_when_three_reads_show_exactly_the_last_rounds_group():
+    group, live = ["b", "c"], {"a", "b", "c"}
+    assert board_steady(False, 2, live, "a", group)
+    assert not board_steady(False, 1, live, "a", group)  # two reads the same are not yet three
+    assert not board_steady(True, 5, live, "a", group)  # a sharded board is read afresh at every round
+    assert not board_steady(False, 5, live | {"d"}, "a", group)  # a newcomer the group has not taken in
+    assert not board_steady(False, 5, {"a", "b"}, "a", group)  # a groupmate gone from the board
+    assert not board_steady(False, 5, {"a"}, "a", [])  # alone: nothing to average with, nothing steady

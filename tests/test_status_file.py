@@ -65,3 +65,19 @@ def test_a_snapshot_that_raises_is_recorded_and_the_writer_lives_on(tmp_path):
     wait_until(lambda: status.writes == 1)
     status.close()
     assert json.loads((tmp_path / "status.json").read_text()) == {"round": 3} and not status._outage.down
+
+
+def test_writes_due_within_the_least_interval_are_one_write(tmp_path):
+    """Rounds come many a second: a write is due at each, the file is written at most every min_interval_s."""
+    figures = {"round": 1}
+    status = StatusFile(tmp_path / "status.json", lambda: dict(figures), min_interval_s=600.0)
+    try:
+        status.due()
+        wait_until(lambda: status.writes == 1)
+        for r in range(2, 20):
+            figures["round"] = r
+            status.due()
+    finally:
+        status.close()
+    assert status.writes == 2  # the first, and the figures it leaves with: none in between
+    assert json.loads((tmp_path / "status.json").read_text()) == {"round": 19}

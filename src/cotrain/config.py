@@ -256,7 +256,9 @@ class AveragingConfig(_Section):
     allreduce_timeout: float = Field(60.0, gt=0.0, le=3600.0)
     #: seconds a node keeps training past H steps waiting for slower peers to reach the round's end
     round_wait: float = Field(30.0, ge=0.0, le=3600.0)
-    #: seconds between two publications of a node's progress on the DHT; peers are considered gone after 3x
+    #: seconds between two publications of a node's progress on the DHT, and two reads of its peers'; peers are
+    #: considered gone after 3x. A node whose group is steady (the board showed the same peers three reads in a row,
+    #: and all of them averaged with it last round) publishes and reads every 2x
     progress_interval: float = Field(1.0, gt=0.0, le=60.0)
     #: keys the progress board is split into (cotrain.averaging.progress). 1: one key, every node reads every
     #: record every progress_interval (O(N) a read; fine to a dozen nodes). S > 1: a node reads and publishes only

@@ -146,6 +146,8 @@ class Exchange:
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._published: Optional[asyncio.Condition] = None
+        #: requests waiting for a piece to be published (a publish with none waiting wakes nobody's loop)
+        self._waiting = 0
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"exchange-{namespace}", daemon=True)
         self._thread.start()
         self.p2p = self._run(self._start(dht), timeout=60)
@@ -187,7 +189,8 @@ class Exchange:
                 self._awaited[key] = readers
             else:
                 self._awaited.pop(key, None)
-        asyncio.run_coroutine_threadsafe(self._notify(), self._loop)
+        if self._waiting:  # read after the piece went in: a request that starts waiting now finds it there
+            asyncio.run_coroutine_threadsafe(self._notify(), self._loop)
 
     def withdraw(self, key: str) -> None:
         """Stop serving ``key`` (a meeting that did not fill): requests wait for its next piece, as if none had been."""
@@ -352,12 +355,17 @@ class Exchange:
             version, settled = self._versions.get(key, (0, True))
             return after is None or settled or version > after
 
-        async with self._published:
-            while not ready() and time.monotonic() < deadline:
-                try:
-                    await asyncio.wait_for(self._published.wait(), timeout=max(0.0, deadline - time.monotonic()))
-                except asyncio.TimeoutError:
-                    break
+        self._waiting += 1  # before looking: a publish after the look sees it and wakes us
+        try:
+            async with self._published:
+                while not ready() and time.monotonic() < deadline:
+                    try:
+                        await asyncio.wait_for(self._published.wait(),
+                                               timeout=max(0.0, deadline - time.monotonic()))
+                    except asyncio.TimeoutError:
+                        break
+        finally:
+            self._waiting -= 1
         return self._outbox.get(key) if ready() else None
 
     async def _serve_chunks(self, request: pb.FetchRequest):

@@ -110,6 +110,14 @@ def groups_split(sharded: bool, target_group_size: int, live_count: int) -> bool
     return sharded or (target_group_size > 0 and live_count + 1 > target_group_size)
 
 
+def board_steady(sharded: bool, same_reads: int, live: Collection[str], me: str, last_group: Collection[str]) -> bool:
+    """Whether the board has nothing new to tell ``me``: its last ``same_reads`` + 1 reads showed the same ``live``
+    peers (three at least), and they are exactly ``me`` and the groupmates of its last round (``last_group``: every
+    peer there averages with it). Not on a sharded board, where each round is read afresh (its shard is dealt anew)."""
+    return (not sharded and same_reads >= 2 and len(last_group) >= 1
+            and frozenset(live) == frozenset((me, *last_group)))
+
+
 def live_peers(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules) -> list[PeerProgress]:
     return [p for p in peers if p.peer_id != me.peer_id and now - p.time <= rules.stale_after and p.phase != "left"]
 

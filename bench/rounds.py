@@ -10,7 +10,10 @@ size sets the payload (the fp32 pseudo-gradient each node contributes). Each nod
 first round it saw from ``--warmup`` on and the last, the wall time per round and the part of it that is not computing (``overhead``:
 matchmaking or the board's meeting, the all-reduce, the outer step), split further into the meeting (which includes
 waiting for the last groupmate to finish its step: on a shared machine, the others' compute) and the all-reduce, as
-the nodes report them. The fixed part of a round is the overhead at the smallest payload. A payload small enough
+the nodes report them. The fixed part of a round, all but moving the bytes, is where the overhead against the payload
+meets zero payload: with two payloads or more a row of the second table fits a line through a formation's and group
+size's rows (least squares: fixed ms + ms per MB x payload MB); the overhead at the smallest payload also moves its
+bytes. A payload small enough
 for one reducer (``averaging.min_part_values``) is averaged at the meeting itself, by the group's host
 (``cotrain.averaging.allreduce.hosted``): its all-reduce column is then only the decoding of the host's result.
 
@@ -201,8 +204,35 @@ def main() -> None:
                   ms(r["allreduce_s"]), ms(r["cpu_s"]), ms(r["helpers_cpu_s"]), r["groups_from_board"],
                   r["groups_matchmade"]]
                  for r in rows])
-    write_json(args.json, {"rows": rows, "runs": runs, "rounds": args.rounds, "warmup": args.warmup,
+    fits = fixed_parts(rows)
+    if fits:
+        print_table("The fixed part of a round (all but moving the bytes): overhead = fixed + per MB x payload, least "
+                    "squares over the rows above",
+                    ["formation", "nodes", "payloads MB", "fixed ms", "ms per MB"],
+                    [[f["formation"], f["nodes"], " ".join(f"{p:.2f}" for p in f["payloads_mb"]), f["fixed_s"] * 1e3,
+                      f["s_per_mb"] * 1e3] for f in fits])
+    write_json(args.json, {"rows": rows, "runs": runs, "fits": fits, "rounds": args.rounds, "warmup": args.warmup,
                            "repeat": args.repeat})
+
+
+def fixed_parts(rows: list[dict]) -> list[dict]:
+    """Per (formation, nodes) of ``rows`` with overheads at two payloads or more: the least-squares line of the
+    overhead (s) against the payload (MB) -> its intercept ``fixed_s`` (a round's cost at no payload) and slope
+    ``s_per_mb``."""
+    groups: dict[tuple, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r["overhead_s"] is not None:
+            groups.setdefault((r["formation"], r["nodes"]), []).append((r["payload_bytes"] / 1e6, r["overhead_s"]))
+    out = []
+    for (formation, nodes), points in groups.items():
+        xs = [x for x, _ in points]
+        if len(set(xs)) < 2:
+            continue
+        mx, my = statistics.fmean(xs), statistics.fmean(y for _, y in points)
+        slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
+        out.append(dict(formation=formation, nodes=nodes, payloads_mb=sorted(xs), fixed_s=my - slope * mx,
+                        s_per_mb=slope))
+    return out
 
 
 def median_rows(runs: list[dict]) -> list[dict]:

@@ -28,7 +28,9 @@ class DiLoCo(RoundAverager):
         self.global_params = [p.detach().clone() for p in model.parameters()]
         self.momentum = [torch.zeros_like(p) for p in self.global_params]
         momentum = cfg.outer_momentum if cfg.outer == "nesterov" else 0.0
-        self.outer = torch.optim.SGD(self.global_params, lr=cfg.outer_lr, momentum=momentum, nesterov=momentum > 0)
+        # foreach: the multi-tensor step, bitwise the same as the loop torch picks on the CPU, in half the time
+        self.outer = torch.optim.SGD(self.global_params, lr=cfg.outer_lr, momentum=momentum, nesterov=momentum > 0,
+                                     foreach=True)
         if momentum > 0:
             for p, buf in zip(self.global_params, self.momentum):
                 self.outer.state[p]["momentum_buffer"] = buf

@@ -1,7 +1,7 @@
 """What a round costs beyond moving its bytes: round time against payload size and group size, on loopback, with
 the group formed from the progress board (``group_formation = "board"``) and by hivemind's matchmaking.
 
-    python bench/rounds.py [--nodes 2 4] [--hidden 32 256 1024] [--formations board ddp] [--rounds 12] [--json FILE]
+    python bench/rounds.py [--nodes 2 4] [--hidden 32 256 1024] [--formations board ddp] [--rounds 60] [--json FILE]
 
 Every run is a real swarm on this machine (coordinator and node processes) training a byte-level LSTM with one
 local step per round (DiLoCo, H=1, no compression), so that a round is almost all averaging. The model's hidden
@@ -19,8 +19,8 @@ for one reducer (``averaging.min_part_values``) is averaged at the meeting itsel
 
 On a machine shared by
 the whole swarm the wall time of a round is set by the CPU it costs: ``cpu ms`` is the CPU time a node spent per
-round, its own process and what it started (hivemind's DHT process, the libp2p daemon), read from ``/proc`` at the
-same rounds (``helpers ms`` is the latter part). ``nodes x cpu ms / cores`` is the least a round can take here.
+round, its own process and what it started (hivemind's DHT process, the libp2p daemon), as the node reads it from
+``/proc`` with its figures (``helpers ms`` is the latter part). ``nodes x cpu ms / cores`` is the least a round can take here.
 
 ``--formations ddp`` runs torch DDP instead (gloo, the ranks of bench/ddp_worker.py, one torch thread each) on the
 same model, data and batches: gradients averaged at every step, as a round at H=1 averages the update. Its step is
@@ -65,12 +65,19 @@ def read_status(path: Path) -> dict:
         return {}
 
 
+def snapshot(status: dict) -> tuple[float, ...]:
+    """A node's running totals as its status.json gives them: (wall, compute, meeting, all-reduce, CPU of the node,
+    CPU of its process tree), seconds."""
+    return (status["wall_s"], status["compute_s"], status["meet_s"], status["allreduce_s"], status["cpu_s"],
+            status["cpu_tree_s"])
+
+
 def one_run(args, nodes: int, hidden: int, formation: str) -> dict:
     cfg = make_config(args, nodes, hidden, formation)
     payload = 4 * count_parameters(build_model(cfg))
     names = [f"node-{i}" for i in range(nodes)]
     # round -> (wall_s, compute_s, meet_s, allreduce_s, cpu_s of the node, of its process tree) as the node reported
-    # them when it got to the round (the CPU read then)
+    # them when it got to the round
     seen: dict[str, dict[int, tuple[float, ...]]] = {name: {} for name in names}
     groups = {name: (0, 0) for name in names}  # (formed from the board, matchmade), as each node last reported
     with work_folder("cotrain-rounds-", keep=args.keep) as tmp, Swarm(cfg, tmp) as swarm:
@@ -83,12 +90,16 @@ def one_run(args, nodes: int, hidden: int, formation: str) -> dict:
         while any(p.alive() for p in procs) and time.monotonic() < deadline:
             for name, proc in zip(names, procs):
                 status = read_status(tmp / name / "status.json")
-                if status and status["round"] not in seen[name] and proc.alive():
-                    seen[name][status["round"]] = (status["wall_s"], status["compute_s"], status["meet_s"],
-                                                   status["allreduce_s"], *cpu_seconds(proc.pid))
+                if status and status["round"] not in seen[name]:
+                    seen[name][status["round"]] = snapshot(status)
                     groups[name] = (status["groups_from_board"], status["groups_matchmade"])
             time.sleep(0.1)
         codes = swarm.stop_nodes()
+        for name in names:  # the figures each node left with (written before its DHT process and daemon stop)
+            status = read_status(tmp / name / "status.json")
+            if status:
+                seen[name][status["round"]] = snapshot(status)
+                groups[name] = (status["groups_from_board"], status["groups_matchmade"])
     if any(codes):
         raise RuntimeError(f"node exit codes {codes} (run again with --keep to read their logs)")
     per_round, overhead, meet, allreduce, cpu, helpers = [], [], [], [], [], []
@@ -160,8 +171,10 @@ def main() -> None:
     parser.add_argument("--formations", nargs="+", default=["board", "matchmaking"],
                         choices=["board", "board_only", "matchmaking", "ddp"],
                         help="how groups form; ddp: torch DDP's ranks instead of nodes, side by side")
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--warmup", type=int, default=3, help="rounds left out of the figures (start-up)")
+    parser.add_argument("--rounds", type=int, default=60,
+                        help="rounds a run takes: nodes write their figures at most twice a second, so a run should "
+                             "last a few seconds past --warmup (two nodes take about 12 ms a round)")
+    parser.add_argument("--warmup", type=int, default=10, help="rounds left out of the figures (start-up)")
     parser.add_argument("--matchmaking-time", type=float, default=2.0)
     parser.add_argument("--progress-interval", type=float, default=AveragingConfig().progress_interval,
                         help="seconds between a node's board records and reads (the board's traffic is per second, "

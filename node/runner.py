@@ -42,7 +42,7 @@ from cotrain.node.status_file import StatusFile
 from cotrain.node.work import WorkQueue
 from cotrain.node.limits import (IdleMonitor, OtherProcessesLoad, format_cpu_list, lower_thread_priority, pin_cpus,
                                  read_cpu_max, release_freed_memory, torch_threads)
-from cotrain.footprint import Footprint, footprint
+from cotrain.footprint import Footprint, cpu_seconds, footprint
 
 logger = logging.getLogger(__name__)
 
@@ -467,8 +467,12 @@ class Node:
 
     def _status(self) -> dict:
         """What ``STATE_DIR/status.json`` holds (:class:`StatusFile`, due at every new round and every
-        ``log_every_s``): the heartbeat's figures, and when."""
-        return dict(message_to_dict(self.node_metrics()), time=time.time(), pid=os.getpid())
+        ``log_every_s``, written at most twice a second): the heartbeat's figures, when, and the CPU seconds this
+        process took (``cpu_s``) and with what it started (``cpu_tree_s``: its DHT process and libp2p daemon), read
+        with the figures: a bench divides them by the rounds between two snapshots."""
+        own, tree = cpu_seconds(os.getpid())
+        return dict(message_to_dict(self.node_metrics()), time=time.time(), pid=os.getpid(), cpu_s=own,
+                    cpu_tree_s=tree)
 
     def node_metrics(self) -> pb.NodeMetrics:
         m, a = self.metrics, self.averaging

@@ -241,8 +241,8 @@ class Exchange:
             return dict(self._deposits.get(key, {}))
 
     def wait_deposits(self, seen: int, timeout: float) -> int:
-        """Wait up to ``timeout`` seconds for a deposit to be filed or dropped after the ``seen``-th (any key; 0 at
-        first); -> how many there have been."""
+        """Wait up to ``timeout`` seconds for a deposit to be filed or dropped after the ``seen``-th (any key; -1: the
+        count now, at once); -> how many there have been."""
         deadline = time.monotonic() + max(0.0, timeout)
         with self._deposited:
             while self._deposit_events <= seen and time.monotonic() < deadline:
@@ -321,11 +321,11 @@ class Exchange:
         filed, after = None, None
         if deposit:  # kept while the request waits for its answer, which is a piece published since
             self.bytes_received += len(deposit)
+            with self._lock:  # taken before the deposit shows: an answer published as soon as it does still counts
+                after = self._versions.get(request.key, (0, True))[0]
             if not self._file_deposit(request.key, peer, deposit):
                 return pb.FetchChunk(found=False)
             filed = deposit
-            with self._lock:
-                after = self._versions.get(request.key, (0, True))[0]
         self._serving += 1
         try:
             data = await self._published_piece(request.key, request.wait_s, after)

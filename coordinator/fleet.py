@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -36,6 +37,97 @@ PERMANENT_EXIT_CODES = (2, 3, 4, 5, 7)
 
 class FleetError(RuntimeError):
     """Ray could not be reached, or cannot place the managed nodes; the message names the flag."""
+
+
+class FleetSizeError(FleetError):
+    """The managed nodes' CPUs cannot fit the cluster (a config error, refused before anything starts); the message
+    names the flags and the figures."""
+
+
+#: Ray counts resources in units of 1/10000 (``ray._raylet.RESOURCE_UNIT_SCALING``): a finer share is refused
+RAY_RESOURCE_UNITS = 10_000
+#: CPUs one of the coordinator's evaluation tasks reserves (:meth:`Fleet.submit`)
+EVAL_TASK_CPUS = 1
+
+
+def _units(cpus: float) -> int:
+    """``cpus`` in Ray's units, rounded down (a hair of float error, 0.29 * 10000 = 2899.9999..., is not a unit)."""
+    return math.floor(cpus * RAY_RESOURCE_UNITS + 1e-6)
+
+
+def ray_share(cpus: float) -> float:
+    """A CPU share as Ray reserves it: rounded down to Ray's 1/10000 (never up, so n shares fit where n x ``cpus``
+    fit)."""
+    return _units(cpus) / RAY_RESOURCE_UNITS
+
+
+def _whole(units: int) -> int:
+    """The whole CPUs that hold ``units`` (integer arithmetic: 3 x 0.6667 is 2.0001 CPUs, 3, and 3 x 0.5 is 2)."""
+    return -(-units // RAY_RESOURCE_UNITS)
+
+
+@dataclass(frozen=True)
+class RayResources:
+    """What the fleet asks of Ray for its managed nodes (:func:`ray_resources`)."""
+
+    #: CPUs each managed node reserves (its placement group bundle and actor): a multiple of 1/10000, fractions allowed
+    share: float
+    #: the managed nodes' CPUs together (``share`` x the nodes)
+    nodes_cpus: float
+    #: a local Ray instance: the whole CPUs it is started with; a cluster: the CPUs it has
+    num_cpus: int
+    #: why the nodes cannot fit, naming the flags and the figures; None when they fit
+    refusal: Optional[str] = None
+    #: something the operator should know that is no refusal (e.g. no CPU left for evaluation tasks)
+    warning: Optional[str] = None
+
+
+def ray_resources(managed_nodes: int, managed_node_cpus: float, machine_cpus: int,
+                  cluster_cpus: Optional[float] = None, largest_machine_cpus: Optional[float] = None,
+                  where: str = "the Ray cluster") -> RayResources:
+    """The Ray resources of ``managed_nodes`` nodes of ``managed_node_cpus`` CPUs each.
+
+    Ray wants whole CPUs for a node it starts (``ray.init(num_cpus=...)``) and accepts fractional shares of them
+    down to 1/10000 for placement group bundles and actors; the share is rounded down to that.
+
+    A local Ray instance (``cluster_cpus`` None) runs on this machine of ``machine_cpus`` CPUs and is started with
+    ``num_cpus`` = the machine's CPUs, or more where the nodes' shares plus an evaluation task of the coordinator
+    take more (oversubscribed on purpose: ``cotrain simulate`` runs 8 nodes on 2 cores). A share larger than the
+    machine is refused: no node of that size runs here.
+
+    A cluster of ``cluster_cpus`` CPUs (its largest machine: ``largest_machine_cpus``) is not ours to size: the
+    nodes' shares together must fit in it, and one share in one machine (a node runs on one)."""
+    units = _units(managed_node_cpus)
+    share = units / RAY_RESOURCE_UNITS
+    nodes_units = managed_nodes * units
+    nodes_cpus = nodes_units / RAY_RESOURCE_UNITS
+    flags = f"--managed-nodes {managed_nodes} x --managed-node-cpus {managed_node_cpus:g}"
+    if units <= 0:
+        return RayResources(share, nodes_cpus, max(1, machine_cpus) if cluster_cpus is None else int(cluster_cpus),
+                            refusal=f"--managed-node-cpus {managed_node_cpus:g}: Ray reserves CPUs in steps of "
+                                    f"{1 / RAY_RESOURCE_UNITS:g}; pass at least that")
+    if cluster_cpus is None:
+        num_cpus = max(int(machine_cpus), _whole(nodes_units) + EVAL_TASK_CPUS)
+        refusal = None
+        if units > int(machine_cpus) * RAY_RESOURCE_UNITS:
+            refusal = (f"--managed-node-cpus {managed_node_cpus:g}: more than the {int(machine_cpus)} CPU(s) of this "
+                       f"machine, where the local Ray instance runs its managed nodes; pass at most "
+                       f"{int(machine_cpus)}, or --ray-address for a Ray cluster with larger machines")
+        return RayResources(share, nodes_cpus, num_cpus, refusal)
+    num_cpus = math.floor(cluster_cpus + 1e-6)
+    cluster_units = _units(cluster_cpus)
+    refusal = warning = None
+    if nodes_units > cluster_units:
+        refusal = (f"{flags} = {nodes_cpus:g} CPUs: more than the {cluster_cpus:g} CPUs of {where}; pass fewer "
+                   f"--managed-nodes or a smaller --managed-node-cpus")
+    elif largest_machine_cpus is not None and units > _units(largest_machine_cpus):
+        refusal = (f"--managed-node-cpus {managed_node_cpus:g}: more than the largest machine of {where} has "
+                   f"({largest_machine_cpus:g} CPUs), and a managed node runs on one machine; pass at most "
+                   f"{largest_machine_cpus:g}")
+    elif nodes_units + EVAL_TASK_CPUS * RAY_RESOURCE_UNITS > cluster_units:
+        warning = (f"{flags} = {nodes_cpus:g} of the {cluster_cpus:g} CPUs of {where}: the coordinator's evaluation "
+                   f"tasks ({EVAL_TASK_CPUS} CPU each) wait until one is free")
+    return RayResources(share, nodes_cpus, num_cpus, refusal, warning)
 
 
 class ManagedNodeProcess:
@@ -145,7 +237,8 @@ def _keep_signal_handlers():
 
 
 class Fleet:
-    def __init__(self, address: Optional[str] = None, num_cpus: Optional[float] = None):
+    def __init__(self, address: Optional[str] = None, num_cpus: Optional[int] = None):
+        """``num_cpus``: of a local Ray instance (see :func:`ray_resources`), a whole number as Ray wants it."""
         import ray
 
         self.ray = ray
@@ -169,26 +262,32 @@ class Fleet:
         self.actors: list = []
         self.placement_group = None
 
+    def cluster_cpus(self) -> tuple[float, float]:
+        """-> (the CPUs of the Ray cluster, those of its largest live machine)."""
+        machines = [n.get("Resources", {}).get("CPU", 0.0) for n in self.ray.nodes() if n.get("Alive")]
+        return float(self.ray.cluster_resources().get("CPU", 0.0)), float(max(machines, default=0.0))
+
     def start_nodes(self, count: int, spec: ManagedNodeSpec, timeout: float = 120.0) -> None:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         if count <= 0:
             return
-        self.placement_group = placement_group([{"CPU": spec.cpus_per_node}] * count, strategy="SPREAD")
+        share = ray_share(spec.cpus_per_node)  # Ray refuses a share finer than its units
+        self.placement_group = placement_group([{"CPU": share}] * count, strategy="SPREAD")
         try:
             self.ray.get(self.placement_group.ready(), timeout=timeout)
         except Exception as e:
             raise FleetError(f"--managed-nodes: the Ray cluster cannot place {count} node(s) of "
-                               f"{spec.cpus_per_node:g} CPU each within {timeout:.0f}s ({e!r})") from None
+                               f"{share:g} CPU each within {timeout:.0f}s ({e!r})") from None
         actor_cls = self.ray.remote(ManagedNode)
         for i in range(count):
             state_dir = spec.state_root / f"node-{i}"
             args = [spec.coordinator, "--token", spec.token, "--name", f"managed-{i}", "--state-dir", str(state_dir),
-                    "--threads", str(max(1, int(spec.cpus_per_node))),
+                    "--threads", str(max(1, int(share))),
                     *(["--insecure"] if spec.insecure else ["--ca", spec.ca] if spec.ca else []), *spec.extra_args]
             actor = actor_cls.options(
-                name=None, num_cpus=spec.cpus_per_node, max_restarts=-1, max_task_retries=3,
+                name=None, num_cpus=share, max_restarts=-1, max_task_retries=3,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.placement_group,
                                                                      placement_group_bundle_index=i),
             ).remote(args, str(state_dir / "node.log"))

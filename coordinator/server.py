@@ -31,7 +31,7 @@ from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.coordinator.admission import Issuer, load_or_create_key, needs_renewal
 from cotrain.coordinator.checkpointer import Checkpointer
 from cotrain.coordinator.evaluator import evaluator_for
-from cotrain.coordinator.fleet import Fleet, ManagedNodeSpec
+from cotrain.coordinator.fleet import Fleet, FleetSizeError, ManagedNodeSpec, RayResources, ray_resources
 from cotrain.coordinator.reachability import Prober
 from cotrain.coordinator.service import CoordinatorService, RunInfo, SwarmSummary
 from cotrain.coordinator.store import StateDirError, Store
@@ -119,8 +119,31 @@ def unit_ranges(cfg: RunConfig, corpus: Optional[Corpus]) -> list[tuple[int, int
     return plan_ranges(corpus.train.start, corpus.train.end, cfg.coordinator.unit_bytes, min_unit)
 
 
+def start_fleet(options: CoordinatorOptions, resources: RayResources) -> Fleet:
+    """Start a local Ray instance of ``resources.num_cpus`` CPUs, or connect to the cluster at ``--ray-address`` and
+    refuse it (:class:`FleetSizeError`) when the managed nodes cannot fit in it."""
+    fleet = Fleet(options.ray_address, num_cpus=resources.num_cpus)
+    if fleet.local:
+        return fleet
+    cluster, largest = fleet.cluster_cpus()
+    fit = ray_resources(options.managed_nodes, options.managed_node_cpus, os.cpu_count() or 1, cluster_cpus=cluster,
+                        largest_machine_cpus=largest, where=f"the Ray cluster at --ray-address {options.ray_address}")
+    if fit.refusal:
+        fleet.shutdown()
+        raise FleetSizeError(fit.refusal)
+    if fit.warning:
+        logger.warning("%s", fit.warning)
+    return fleet
+
+
 async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
     host, port = parse_address(options.listen, "--listen")
+    resources = None
+    if options.ray_address or options.managed_nodes:
+        # the local instance's CPUs, and a share Ray accepts; what cannot fit is refused before anything starts
+        resources = ray_resources(options.managed_nodes, options.managed_node_cpus, os.cpu_count() or 1)
+        if resources.refusal and (not options.ray_address or resources.share <= 0):  # a cluster: once connected
+            raise FleetSizeError(resources.refusal)
     store = Store(options.state_dir)
     run_id, cfg = resolve_run(cfg, store)
     corpus = None if cfg.model.is_world_model else Corpus.from_source(cfg.data.source, cfg.data.max_bytes,
@@ -155,10 +178,7 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
                   seed=cfg.run.seed, byte_counts=corpus.byte_counts() if corpus is not None else [])
     prober = Prober()
     service = CoordinatorService(store, run, summary, issuer, prober, publish_revocations)
-    fleet = None
-    if options.ray_address or options.managed_nodes:
-        fleet = Fleet(options.ray_address, num_cpus=max(os.cpu_count() or 1,
-                                                        options.managed_nodes * options.managed_node_cpus + 1))
+    fleet = None if resources is None else start_fleet(options, resources)
     checkpointer = Checkpointer(cfg, run_id, model, exchange, board, store, summary, evaluator_for(cfg, fleet, corpus=corpus))
 
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
@@ -232,8 +252,8 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
             dial = f"{fleet.ray.util.get_node_ip_address() if host in ('0.0.0.0', '::') else host}:{bound}"
             spec = ManagedNodeSpec(dial, store.create_token(managed_token), options.state_dir / "managed",
                                    options.insecure, ca=str(options.tls_cert) if options.tls_cert else None,
-                                   cpus_per_node=options.managed_node_cpus,
-                                   extra_args=(("--cpu-limit", f"{options.managed_node_cpus:g}")
+                                   cpus_per_node=resources.share,
+                                   extra_args=(("--cpu-limit", f"{resources.share:g}")
                                                if options.managed_node_cpu_limit else ()))
             # off the event loop: the gRPC server keeps answering (the nodes join while they start)
             await asyncio.to_thread(fleet.start_nodes, options.managed_nodes, spec)

@@ -26,7 +26,24 @@ from typing import Callable, Optional, Sequence
 
 
 class LaunchError(RuntimeError):
-    pass
+    """A process started here failed, or did not get where it should in time. ``logs``: where to look (its log
+    files, or the folder that holds them); ``exit_code``: the code it exited with, when that is the failure."""
+
+    def __init__(self, message: str, logs: Sequence[Path | str] = (), exit_code: Optional[int] = None):
+        super().__init__(message)
+        self.logs = tuple(Path(p) for p in logs)
+        self.exit_code = exit_code
+
+    def one_line(self) -> str:
+        """The first line of the message and where the logs are (what ``cotrain`` prints for it)."""
+        lines = str(self).strip().splitlines()
+        first = lines[0].rstrip(":") if lines else type(self).__name__
+        return first + (f"; logs: {', '.join(str(p) for p in self.logs)}" if self.logs else "")
+
+
+def last_words(log: str) -> str:
+    """The last line of a process's log that says something, e.g. the one-line error a cotrain command ends with."""
+    return next((line.strip() for line in reversed(log.splitlines()) if line.strip()), "")
 
 
 class Proc:
@@ -96,11 +113,16 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
             return value
         for p in procs:
             if not p.alive():
-                raise LaunchError(f"{p.name} exited with code {p.popen.returncode} while waiting for {what}:\n"
-                                  f"{p.log()[-3000:]}")
+                log = p.log()
+                # the first line says what failed, with the process's own last line (its one-line error)
+                said = last_words(log).removeprefix("cotrain: ")
+                raise LaunchError(f"{p.name} exited with code {p.popen.returncode} while waiting for {what}"
+                                  + (f": {said}" if said else "") + f"\n{log[-3000:]}",
+                                  logs=[p.log_path], exit_code=p.popen.returncode)
         if time.monotonic() > deadline:
             tails = "".join(f"\n--- the end of {p.name}'s log ({p.log_path}):\n{p.log()[-2000:]}" for p in procs)
-            raise LaunchError(f"timed out after {timeout:.0f}s waiting for {what}{tails}")
+            raise LaunchError(f"timed out after {timeout:.0f}s waiting for {what}{tails}",
+                              logs=[p.log_path for p in procs])
         time.sleep(interval)
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import cotrain
+from cotrain.cli.launch import LaunchError
 from cotrain.exit_codes import ExitCode
 
 
@@ -146,7 +147,7 @@ def exit_code_for(error: BaseException) -> int | None:
     from cotrain.checkpoint import CheckpointError
     from cotrain.client import CoordinatorUnavailable, JoinRefused
     from cotrain.config import ConfigError
-    from cotrain.coordinator.fleet import FleetError
+    from cotrain.coordinator.fleet import FleetError, FleetSizeError
     from cotrain.coordinator.store import StateDirError
     from cotrain.data import CorpusError
     from cotrain.protocol import AddressError
@@ -157,9 +158,17 @@ def exit_code_for(error: BaseException) -> int | None:
     if isinstance(error, grpc.RpcError):
         return ExitCode.UNAVAILABLE if error.code() == grpc.StatusCode.UNAVAILABLE else ExitCode.ERROR
     table = (((ConfigError, CorpusError, CheckpointError, WarmStartError), ExitCode.CONFIG),
-             (AddressError, ExitCode.USAGE), (StateDirError, ExitCode.STATE), (FleetError, ExitCode.FLEET),
+             (AddressError, ExitCode.USAGE), (StateDirError, ExitCode.STATE),
+             (FleetSizeError, ExitCode.CONFIG), (FleetError, ExitCode.FLEET),
              (CoordinatorUnavailable, ExitCode.UNAVAILABLE), (OSError, ExitCode.ERROR))
     return next((code for kinds, code in table if isinstance(error, kinds)), None)
+
+
+def launch_exit_code(error: LaunchError) -> int:
+    """The exit code of the process that failed (a coordinator's refusal of its flags is the user's config error
+    here too), or ERROR when it was killed, timed out or ended cleanly too early."""
+    code = error.exit_code
+    return code if isinstance(code, int) and 0 < code < 128 else ExitCode.ERROR
 
 
 def _describe(error: BaseException) -> str:
@@ -188,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cotrain: {e.code}", file=sys.stderr)
             return ExitCode.USAGE
         raise
+    except LaunchError as e:  # a process that simulate or demo started failed: what, in one line, and its logs
+        print(f"cotrain: {e.one_line()}", file=sys.stderr)
+        return launch_exit_code(e)
     except Exception as e:
         code = exit_code_for(e)
         if code is None:

@@ -63,11 +63,13 @@ def cmd_simulate(args) -> int:
 
     from rich.console import Console
 
-    from cotrain.cli.launch import LaunchError, machine_cpus, start_coordinator, wait_for
+    from cotrain.cli.launch import LaunchError, last_words, machine_cpus, start_coordinator, wait_for
+    from cotrain.coordinator.fleet import ray_share
 
     # the nodes divide the CPUs (its affinity, its cgroup's quota) rather than the machine's cores: each takes
-    # floor(cpus) torch threads, at least one (the fleet's --threads)
-    cpus = args.cpus_per_node or max(0.01, machine_cpus() / args.nodes)
+    # floor(cpus) torch threads, at least one (the fleet's --threads); a share as Ray reserves it (in 1/10000s,
+    # rounded down: 3 nodes on 2 CPUs reserve 0.6666 each, which fit, not 0.666667, which would not)
+    cpus = args.cpus_per_node or ray_share(max(0.01, machine_cpus() / args.nodes))
     from cotrain.client import CoordinatorClient
     from cotrain.status import health_table, message_to_dict
 
@@ -87,8 +89,8 @@ def cmd_simulate(args) -> int:
         try:
             wait_for(lambda: sum(n.state == "healthy" for n in client.health().nodes) >= args.nodes, 600.0,
                      interval=2.0, what=f"{args.nodes} nodes to join", procs=[coordinator])
-        except LaunchError as e:
-            raise SystemExit(f"simulate: {e} (logs in {workdir})")
+        except LaunchError as e:  # cotrain prints its first line and where the logs are
+            raise LaunchError(f"simulate: {e}", logs=[workdir], exit_code=e.exit_code) from None
         started = shown = time.monotonic()
         health = client.health()
         # with --rounds: look every second whether the swarm got there; show the status every 10 s either way
@@ -96,7 +98,9 @@ def cmd_simulate(args) -> int:
                 args.rounds and health.totals.global_round >= args.rounds):
             time.sleep(min(1.0 if args.rounds else 10.0, args.duration - (time.monotonic() - started)))
             if not coordinator.alive():
-                raise SystemExit(f"simulate: the coordinator exited (logs in {workdir})")
+                code = coordinator.popen.returncode
+                raise LaunchError(f"simulate: the coordinator exited with code {code}: {last_words(coordinator.log())}",
+                                  logs=[workdir], exit_code=code)
             health = client.health()
             if time.monotonic() - shown >= 10.0:
                 shown = time.monotonic()

@@ -91,3 +91,41 @@ def test_unreachable_ray_address_is_a_clear_error_not_a_hang(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == ExitCode.FLEET, out.stderr[-2000:]
     assert "--ray-address" in out.stderr  # the FLEET exit code is a handled error; its message names the flag
+
+
+RAY_HEAD = """
+import sys, ray
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()  # until the test closes it
+ray.shutdown()
+"""
+
+
+def test_managed_nodes_a_ray_cluster_cannot_hold_are_refused(tmp_path):
+    """3 nodes of 1 CPU for a cluster of 2 CPUs: exit code 3 (config) at start, one line with the flags and the
+    figures, instead of a placement group that never schedules."""
+    # an operator's cluster with Ray's token authentication, which a driver joins with RAY_AUTH_MODE=token (the
+    # token in ~/.ray, made by the head when missing)
+    env = dict(os.environ, RAY_AUTH_MODE="token")
+    head = subprocess.Popen([sys.executable, "-c", RAY_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True, env=env)
+    try:
+        address = head.stdout.readline().strip()
+        assert address, "the Ray head did not start"
+        out = subprocess.run([sys.executable, "-m", "cotrain.cli", "coordinator", "start", "--insecure", "--listen",
+                              "127.0.0.1:0", "--state-dir", str(tmp_path / "s"), "--ray-address", address,
+                              "--managed-nodes", "3", "--managed-node-cpus", "1"],
+                             capture_output=True, text=True, timeout=120, env=env)
+    finally:
+        head.stdin.close()
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+    assert out.returncode == ExitCode.CONFIG, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith("cotrain: --managed-nodes 3 x --managed-node-cpus 1 = 3 CPUs"), line
+    assert f"2 CPUs of the Ray cluster at --ray-address {address}" in line, line

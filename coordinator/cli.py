@@ -39,7 +39,9 @@ def add_parser(subparsers) -> None:
                           "--managed-nodes is given, else no Ray: evaluations run on the coordinator)")
     ray.add_argument("--managed-nodes", type=int, default=0, metavar="N", help="run N nodes as Ray actors")
     ray.add_argument("--managed-node-cpus", type=float, default=1.0, metavar="CPUS",
-                     help="CPUs reserved per managed node (fractions allowed)")
+                     help="CPUs reserved per managed node (fractions allowed, in Ray's steps of 0.0001; a local Ray "
+                          "instance gets the whole CPUs they add up to, plus one for evaluations, and refuses a node "
+                          "larger than this machine; a --ray-address cluster must hold them all)")
     ray.add_argument("--managed-node-cpu-limit", action="store_true",
                      help="enforce --managed-node-cpus too, not only reserve it: each node runs with --cpu-limit "
                           "(a cgroup quota on the machine it runs on; needs root there)")

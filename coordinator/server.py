@@ -124,6 +124,8 @@ def start_fleet(options: CoordinatorOptions, resources: RayResources) -> Fleet:
     refuse it (:class:`FleetSizeError`) when the managed nodes cannot fit in it."""
     fleet = Fleet(options.ray_address, num_cpus=resources.num_cpus)
     if fleet.local:
+        logger.info("local Ray instance of %d CPUs: %d managed node(s) of %g CPU (%g together) and evaluation tasks",
+                    resources.num_cpus, options.managed_nodes, resources.share, resources.nodes_cpus)
         return fleet
     cluster, largest = fleet.cluster_cpus()
     fit = ray_resources(options.managed_nodes, options.managed_node_cpus, os.cpu_count() or 1, cluster_cpus=cluster,

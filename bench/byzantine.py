@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import bench_parser, default_text, lstm_config, print_table, run_swarm, write_json  # noqa: E402
+from common import (bench_parser, cosine_schedule, default_text, lstm_config, print_table, run_swarm,  # noqa: E402
+                    write_json)
 
 from cotrain.config import ATTACKS, RunConfig  # noqa: E402
 
@@ -32,10 +33,11 @@ METHODS = ("clipped_mean", "centered_clip", "trimmed_mean")
 
 
 def make_config(args, aggregation: str) -> RunConfig:
-    steps = args.rounds * args.H
+    steps, batch = args.rounds * args.H, 16
     return lstm_config(
-        "byzantine", args.data, args.hidden,
-        optimizer={"lr": 3e-3, "min_lr": 3e-4, "decay_steps": steps, "grad_clip": 1.0},
+        "byzantine", args.data, args.hidden, batch_size=batch,
+        optimizer={"lr": 3e-3, "min_lr": 3e-4, "grad_clip": 1.0},
+        schedule=cosine_schedule(steps * batch * args.nodes),  # over the swarm's samples: `steps` of every node
         averaging={"strategy": "diloco", "inner_steps": args.H, "aggregation": aggregation,
                    "matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 0.5,
                    "target_group_size": args.nodes, "round_wait": 30.0})

@@ -270,6 +270,13 @@ def lstm_config(name: str, data: str, hidden: int, *, embed_dim: int = 32, layer
     ))
 
 
+def cosine_schedule(total_samples: int) -> dict:
+    """The run config's ``[schedule]`` of a bench that decays the lr over a run of known length: a cosine from
+    ``optimizer.lr`` to ``optimizer.min_lr`` over ``total_samples`` samples of the whole swarm (all nodes together:
+    steps a node x its batch x nodes), no warmup, as the benches' cosine over the local steps was."""
+    return {"kind": "cosine", "horizon_samples": total_samples, "warmup_samples": 0}
+
+
 def bench_parser(doc: str) -> argparse.ArgumentParser:
     """A bench's argument parser: its docstring as the description, and ``--data`` (None: :func:`default_text`)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -48,7 +48,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import bench_parser, default_text, lstm_config, print_table, run_swarm, write_json  # noqa: E402
+from common import (bench_parser, cosine_schedule, default_text, lstm_config, print_table, run_swarm,  # noqa: E402
+                    write_json)
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.tasks import build_task  # noqa: E402
@@ -66,7 +67,9 @@ def make_config(args, strategy: str, inner_steps: int, compression: str, steps_p
     return lstm_config(
         "comm", args.data, args.hidden, embed_dim=64, layers=args.layers, seq_len=args.seq_len,
         batch_size=args.batch_size,
-        optimizer={"lr": 3e-3, "min_lr": 3e-4, "decay_steps": steps_per_node, "grad_clip": 1.0},
+        optimizer={"lr": 3e-3, "min_lr": 3e-4, "grad_clip": 1.0},
+        # a cosine over the swarm's samples: steps_per_node steps of every node
+        schedule=cosine_schedule(steps_per_node * args.batch_size * args.nodes),
         averaging={"strategy": strategy, "inner_steps": inner_steps,
                    "outer_lr": args.feedback_lr if feedback else args.outer_lr,
                    "outer_momentum": args.outer_momentum, "outer": outer, "error_decay": args.error_decay,

@@ -6,7 +6,8 @@
 It trains exactly what a cotrain node of the same run config trains: the same model and initial weights
 (``build_model``, from ``run.seed``), the same contiguous shard of the training split as the
 coordinator would assign to the R-th of N nodes, the same batches (``StreamBatches``, hidden state carried across
-batches), the same AdamW, learning-rate schedule and gradient clipping. Gradients are averaged after every step.
+batches), the same AdamW, learning-rate schedule (the run's ``[schedule]`` at the samples of all the ranks
+together, as a node takes it at the swarm's samples) and gradient clipping. Gradients are averaged after every step.
 
 Rank 0 evaluates the validation loss (``eval_bytes`` of the validation split, as the coordinator does) every K
 steps and appends ``{"time", "eval_s", "step", "val_loss", "loss"}`` to ``--out``; ranks stop together once the
@@ -30,7 +31,7 @@ from cotrain.data import Corpus
 from cotrain.optim import build_optimizer
 from cotrain.evaluation import evaluate_model
 from cotrain.models import build_model
-from cotrain.node.runner import lr_at  # the node's schedule
+from cotrain.optim.schedule import Schedule, lr_factor  # the run's schedule, as the nodes take it
 from cotrain.tasks import build_task
 
 
@@ -57,6 +58,7 @@ def main() -> int:
     model = build_model(cfg, corpus.byte_counts())  # the initial weights a cotrain node starts from
     ddp = DistributedDataParallel(model)
     opt_cfg = cfg.optimizer
+    schedule = Schedule.from_config(cfg)
     optimizer = build_optimizer(model, opt_cfg)  # the run's inner optimizer, as a node builds it
     share = corpus.train.size // args.world_size  # a contiguous shard per rank, as DistributedSampler would
     start = corpus.train.start + args.rank * share
@@ -71,7 +73,7 @@ def main() -> int:
         if reset_state:
             state = None
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, opt_cfg)
+            group["lr"] = opt_cfg.lr * lr_factor(schedule, step * cfg.data.batch_size * args.world_size)
         loss, state, _ = task.step(ddp, batch, state, device)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # DDP averages the gradients over the ranks here

@@ -4,11 +4,11 @@
         --out FOLDER [--eval-every K] [--H 50] [--outer-lr 0.7] [--outer-momentum 0.9] [--target-batch-size 96]
 
 Each peer trains what bench/peers.py's other rows train (its :class:`peers.Worker`: cotrain's model and initial
-weights, the R-th contiguous N-th of the training split in 32 streams, AdamW with the run's cosine schedule, clip
-1.0, one torch thread) and has a DHT of its own: peer 0 starts one and writes its addresses to
-``FOLDER/initial_peers.json``, the others join through them. Every peer waits for the others before its first
-step, and for the others again after its last one before it shuts down, so that no peer leaves a round that a
-slower one still needs.
+weights, the R-th contiguous N-th of the training split in 32 streams, AdamW with the run's cosine schedule over
+the row's samples (every peer's together), clip 1.0, one torch thread) and has a DHT of its own: peer 0 starts one
+and writes its addresses to ``FOLDER/initial_peers.json``, the others join through them. Every peer waits for the
+others before its first step, and for the others again after its last one before it shuts down, so that no peer
+leaves a round that a slower one still needs.
 
 - ``diloco``: every H local steps the pseudo-gradient (the round's global parameters minus the local ones) is
   averaged by a ``DecentralizedAverager`` (fp16 compression, groups of up to N, weight: the round's samples), and
@@ -26,9 +26,9 @@ slower one still needs.
   once the swarm has taken the global steps (epochs of the target batch) that the budget makes, as cotrain's nodes
   stop at --max-steps or --max-rounds; the samples taken are reported. The inner optimizer is the run's AdamW
   clipping the averaged gradient to 1.0 before its step (as hivemind's ALBERT example clips inside its optimizer),
-  and the cosine schedule runs over the epochs (one per 96 samples). The gradient averager gets its
-  ``request_timeout`` through ``grad_averager_factory``: hivemind 1.1.12 hands ``averager_opts`` to the state
-  averager only.
+  and the cosine schedule runs over the epochs (one per 96 samples: the swarm's samples at epoch E are E x 96).
+  The gradient averager gets its ``request_timeout`` through ``grad_averager_factory``: hivemind 1.1.12 hands
+  ``averager_opts`` to the state averager only.
 
 Bytes: every ``AveragingData`` message (the all-reduce's parts and averaged parts) and ``DownloadData`` message (state
 served to a lagging peer) that this peer's averager processes hand to the libp2p daemon is counted, as protobuf
@@ -94,10 +94,12 @@ class ClippedAdamW(torch.optim.AdamW):
         return super().step(closure)
 
 
-def cosine_factor(epoch: int, opt_cfg) -> float:
-    from cotrain.node.runner import lr_at
+def schedule_factor(epoch: int, schedule, samples_per_epoch: int) -> float:
+    """hivemind.Optimizer's LambdaLR factor at ``epoch``: the run's schedule at the samples the swarm has taken by
+    then (``samples_per_epoch``, the target batch, each epoch)."""
+    from cotrain.optim.schedule import lr_factor
 
-    return lr_at(epoch, opt_cfg) / opt_cfg.lr
+    return lr_factor(schedule, epoch * samples_per_epoch)
 
 
 def start_peer_dht(w: Worker):
@@ -204,7 +206,8 @@ def run_optimizer(w: Worker, dht, args) -> dict:
         optimizer=partial(ClippedAdamW, max_norm=opt_cfg.grad_clip, lr=opt_cfg.lr, betas=tuple(opt_cfg.betas),
                           weight_decay=opt_cfg.weight_decay),
         params=w.model.parameters(),
-        scheduler=partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=partial(cosine_factor, opt_cfg=opt_cfg)),
+        scheduler=partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=partial(
+            schedule_factor, schedule=w.schedule, samples_per_epoch=args.target_batch_size)),
         matchmaking_time=args.matchmaking_time, grad_compression=Float16Compression(),
         # hivemind 1.1.12 hands averager_opts to the state averager only: the gradient averager's request_timeout
         # (default 3.0, not below matchmaking_time) comes through its factory

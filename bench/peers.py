@@ -27,17 +27,18 @@ Common to every row: tinyshakespeare (``--data``), first 90% train / last 10% va
 LSTM (embedding 64, 2 layers x 256, dropout 0.1, 256-value byte vocabulary with the output bias started from the
 training text's byte frequencies: 938,240 parameters; BASELINES.md's peer rows used a 65-character vocabulary,
 876,929 parameters), the same initial weights (cotrain's ``build_model`` from seed 0), TBPTT 128 with the state
-carried, 32 streams per worker, AdamW 3e-3 (betas 0.9/0.99) cosine to 3e-4 over the run's optimizer steps, gradient
-clipping at 1.0. The budget is ``--samples`` sequences of 128 bytes in total: the single process takes
-samples / 32 steps; each of the 3 workers of the other rows a third of that (its contiguous third of the training
-text, as DistributedSampler would give; a cotrain node gets the coordinator's work units); the DiLoCo rows
-round it down to whole rounds; a hivemind.Optimizer peer finishes the global step (epoch of 96) in progress when
-it has taken its share, and stops once the swarm has taken the epochs that the budget makes (see
-bench/hivemind_peer.py; ``samples`` reports what every row took). The 3 workers of a row each take 1 torch
-thread and share this machine's cores, so a row shows the cost of its communication, not a speed-up. The
-averaging rows all match with 3.0 s of matchmaking and 2.0 s request timeouts (cotrain's defaults, within
-hivemind's documented 3-5 s for local runs) and form groups of up to 3; cotrain averages with the plain weighted
-mean (``aggregation = "mean"``), as hivemind does, and keeps its defaults otherwise (group formation, overlap).
+carried, 32 streams per worker, AdamW 3e-3 (betas 0.9/0.99) cosine to 3e-4 over the row's samples (all workers
+together, no warmup: ``[schedule]`` kind "cosine"), gradient clipping at 1.0. The budget is ``--samples`` sequences
+of 128 bytes in total: the single process takes samples / 32 steps; each of the 3 workers of the other rows a third
+of that (its contiguous third of the training text, as DistributedSampler would give; a cotrain node gets the
+coordinator's work units); the DiLoCo rows round it down to whole rounds; a hivemind.Optimizer peer finishes the
+global step (epoch of 96) in progress when it has taken its share, and stops once the swarm has taken the epochs
+that the budget makes (see bench/hivemind_peer.py; ``samples`` reports what every row took). The 3 workers of a row
+each take 1 torch thread and share this machine's cores, so a row shows the cost of its communication, not a
+speed-up. The averaging rows all match with 3.0 s of matchmaking and 2.0 s request timeouts (cotrain's defaults,
+within hivemind's documented 3-5 s for local runs) and form groups of up to 3; cotrain averages with the plain
+weighted mean (``aggregation = "mean"``), as hivemind does, and keeps its defaults otherwise (group formation,
+overlap).
 
 What each figure is:
 
@@ -106,13 +107,14 @@ MATCHMAKING_S, REQUEST_TIMEOUT_S = 3.0, 2.0
 
 
 # ---- the run config every row trains -------------------------------------------------------------------------------
-def run_config(data: str, decay_steps: int, inner_steps: int = 1, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-               strategy: str = "diloco", checkpoint_interval_s: float = 2.0, batch: int = BATCH,
-               overlap: bool = False) -> RunConfig:
-    """bench/quality.py's model, data and optimizer (``batch`` sequences a worker), cosine over ``decay_steps``
-    optimizer steps; for the cotrain rows the averaging, fp16 compression, and a coordinator that keeps a checkpoint
-    of every round it sees (no evaluation of its own: the bench evaluates them afterwards)."""
-    cfg = lm_config(data, batch, decay_steps, inner_steps, outer_lr, outer_momentum)
+def run_config(data: str, total_samples: int, inner_steps: int = 1, outer_lr: float = 0.7,
+               outer_momentum: float = 0.9, strategy: str = "diloco", checkpoint_interval_s: float = 2.0,
+               batch: int = BATCH, overlap: bool = False) -> RunConfig:
+    """bench/quality.py's model, data and optimizer (``batch`` sequences a worker), cosine over ``total_samples``
+    sequences of the whole row (every worker's together: steps a worker x ``batch`` x workers; 0: a constant lr);
+    for the cotrain rows the averaging, fp16 compression, and a coordinator that keeps a checkpoint of every round
+    it sees (no evaluation of its own: the bench evaluates them afterwards)."""
+    cfg = lm_config(data, batch, total_samples, inner_steps, outer_lr, outer_momentum)
     return cfg.with_overrides(
         averaging={"strategy": strategy, "inner_steps": inner_steps, "outer_lr": outer_lr, "overlap": overlap,
                    "outer_momentum": outer_momentum, "aggregation": "mean", "target_group_size": WORKERS,
@@ -148,6 +150,7 @@ class Worker:
         from cotrain.averaging.dht import kill_me_with_parent
         from cotrain.data import Corpus
         from cotrain.models import build_model
+        from cotrain.optim.schedule import Schedule
         from cotrain.tasks import build_task
 
         kill_me_with_parent()  # a bench killed with -9 takes its workers along
@@ -160,6 +163,7 @@ class Worker:
         self.args, self.rank, self.world = args, args.rank, args.world_size
         self.out = Path(args.out)
         self.cfg = RunConfig.load(args.config)
+        self.schedule = Schedule.from_config(self.cfg)
         self.task = build_task(self.cfg)
         corpus = Corpus.from_source(self.cfg.data.source, self.cfg.data.max_bytes, self.cfg.data.val_fraction)
         self.model = build_model(self.cfg, corpus.byte_counts())  # every worker the same initial weights
@@ -196,16 +200,21 @@ class Worker:
         self.state = self.model.detach_state(state)
         return loss
 
-    def local_step(self, net, optimizer, schedule_step: int, after_backward: Callable[[], None] = lambda: None):
-        """One plain step: lr from the run's schedule at ``schedule_step``, forward, backward, clip, step."""
-        import torch
+    def lr(self, samples: float) -> float:
+        """The run's lr after ``samples`` sequences of the whole row (every worker's together)."""
+        from cotrain.optim.schedule import lr_factor
 
-        from cotrain.node.runner import lr_at
+        return self.cfg.optimizer.lr * lr_factor(self.schedule, samples)
+
+    def local_step(self, net, optimizer, step: int, after_backward: Callable[[], None] = lambda: None):
+        """One plain step: lr from the run's schedule where the row is when every worker has taken ``step`` steps
+        (``step`` x batch x workers samples), forward, backward, clip, step."""
+        import torch
 
         batch = self.next_batch()
         with self.computing():
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(schedule_step, self.cfg.optimizer)
+                group["lr"] = self.lr(step * self.cfg.data.batch_size * self.world)
             loss = self.loss(net, batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -393,7 +402,7 @@ def worker_argv(script: Path, config: Path, rank: int, world: int, steps: int, s
 def run_single(setup: Setup, folder: Path) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "run.toml"
-    config.write_text(run_config(setup.data, setup.single_steps).to_toml())
+    config.write_text(run_config(setup.data, setup.single_steps * BATCH).to_toml())
     row = run_workers("single", setup, folder, lambda r: worker_argv(
         HERE / "peers.py", config, r, 1, setup.single_steps, setup, folder, setup.single_threads,
         ["--mode", "single"]), 1)
@@ -403,7 +412,8 @@ def run_single(setup: Setup, folder: Path) -> dict:
 def run_ddp(setup: Setup, folder: Path) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "run.toml"
-    config.write_text(run_config(setup.data, setup.steps, batch=setup.worker_batch).to_toml())
+    config.write_text(run_config(setup.data, setup.steps * setup.worker_batch * WORKERS,
+                                 batch=setup.worker_batch).to_toml())
     master = f"127.0.0.1:{free_port()}"
     row = run_workers("ddp", setup, folder, lambda r: worker_argv(
         HERE / "peers.py", config, r, WORKERS, setup.steps, setup, folder, 1,
@@ -416,7 +426,9 @@ def run_hivemind(mode: str, setup: Setup, folder: Path) -> dict:
     config = folder / "run.toml"
     diloco = mode == "diloco"
     steps = setup.diloco_steps if diloco else setup.steps
-    config.write_text(run_config(setup.data, steps, batch=setup.worker_batch).to_toml())
+    # the optimizer row's cosine runs over its epochs (global steps of worker_batch x WORKERS samples): as many
+    # samples in all
+    config.write_text(run_config(setup.data, steps * setup.worker_batch * WORKERS, batch=setup.worker_batch).to_toml())
     extra = ["--mode", mode, "--matchmaking-time", str(MATCHMAKING_S), "--request-timeout", str(REQUEST_TIMEOUT_S)]
     if diloco:
         extra += ["--H", str(setup.h), "--outer-lr", str(setup.outer_lr), "--outer-momentum", str(setup.outer_momentum)]
@@ -437,9 +449,9 @@ def run_cotrain(strategy: str, setup: Setup, folder: Path) -> dict:
     h = setup.h if diloco else 1
     rounds = setup.rounds if diloco else setup.steps
     steps = rounds * h
-    # sync: the schedule follows the round (one step each); a checkpoint download holds parameters and AdamW's
-    # state, and sync has a new round every step: a check every 5 s rather than 2 keeps their cost down
-    cfg = run_config(setup.data, rounds if not diloco else steps, h, setup.outer_lr, setup.outer_momentum,
+    # the schedule follows the swarm's samples, sync's and DiLoCo's alike; a checkpoint download holds parameters
+    # and AdamW's state, and sync has a new round every step: a check every 5 s rather than 2 keeps their cost down
+    cfg = run_config(setup.data, steps * setup.worker_batch * WORKERS, h, setup.outer_lr, setup.outer_momentum,
                      strategy, checkpoint_interval_s=2.0 if diloco else 5.0, batch=setup.worker_batch,
                      overlap=setup.overlap)
     names = [f"node-{i}" for i in range(WORKERS)]
@@ -588,7 +600,7 @@ def main() -> int:
     print(f"{len(runs)} row(s), {args.samples} sequences of 128 bytes each: single {setup.single_steps} steps of "
           f"{BATCH} with {setup.single_threads} thread(s); 3 workers x {setup.steps} steps of {setup.worker_batch} "
           f"(DiLoCo: {setup.rounds} rounds of H={setup.h}) with 1 thread each", flush=True)
-    eval_cfg = run_config(data, 1)
+    eval_cfg = run_config(data, 0)
     corpus = Corpus.from_source(data, eval_cfg.data.max_bytes, eval_cfg.data.val_fraction)
     results: dict[str, dict] = {}
     interrupted = False

@@ -36,18 +36,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import default_text, print_table, run_swarm, write_json  # noqa: E402
+from common import cosine_schedule, default_text, print_table, run_swarm, write_json  # noqa: E402
 
 from cotrain.config import RunConfig  # noqa: E402
 
 
-def lm_config(data: str, batch_size: int, steps_per_node: int, inner_steps: int, outer_lr: float,
+#: the plain loop's wall-time mode: a cosine over this many "samples", evaluated at the fraction of the time spent
+WALL_SAMPLES = 10**9
+
+
+def lm_config(data: str, batch_size: int, total_samples: int, inner_steps: int, outer_lr: float,
               outer_momentum: float) -> RunConfig:
+    """The language-model run: a cosine from lr to min_lr over ``total_samples`` sequences of the whole swarm (all
+    nodes together; 0: a constant lr)."""
     return RunConfig.from_dict(dict(
         run={"name": "quality", "seed": 0},
         model={"kind": "lstm", "embed_dim": 64, "hidden_size": 256, "num_layers": 2, "dropout": 0.1},
         data={"source": data, "seq_len": 128, "batch_size": batch_size, "val_fraction": 0.1},
-        optimizer={"lr": 3e-3, "min_lr": 3e-4, "decay_steps": steps_per_node, "grad_clip": 1.0},
+        optimizer={"lr": 3e-3, "min_lr": 3e-4, "grad_clip": 1.0},
+        schedule=cosine_schedule(total_samples) if total_samples else {"kind": "constant", "warmup_samples": 0},
         averaging={"inner_steps": inner_steps, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
                    "matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 0.5},
         # units of about a third of the training text: a swarm node gets one each, a single node takes them in
@@ -62,8 +69,9 @@ def run_plain(data: str, total_sequences: int = 0, wall_s: float = 0.0, hidden_s
               threads: int = 0) -> dict:
     """A plain PyTorch loop in this process over cotrain's model and stream batches (32 streams over the whole
     training split), no coordinator, no DHT, every core; the same optimizer and schedule as the nodes. The budget is
-    ``total_sequences`` (cosine over the steps) or ``wall_s`` seconds of training (cosine over the time: the
-    issue's reference LSTM, 2x384, run for the single node's wall time).
+    ``total_sequences`` (cosine over those samples) or ``wall_s`` seconds of training (cosine over the time: the
+    issue's reference LSTM, 2x384, run for the single node's wall time; the schedule's horizon is then
+    :data:`WALL_SAMPLES`, evaluated at the fraction of ``wall_s`` spent).
 
     ``chars``: the reference as the issue describes it, a plain character model: a vocabulary of the characters in
     the training text (65 on tinyshakespeare; unseen ones read as the first), PyTorch's default initialisation (no
@@ -75,16 +83,17 @@ def run_plain(data: str, total_sequences: int = 0, wall_s: float = 0.0, hidden_s
 
     from cotrain.data import Corpus, StreamBatches
     from cotrain.evaluation import evaluate_model
-    from cotrain.node.runner import cosine_lr, lr_at
     from cotrain.optim import build_optimizer
+    from cotrain.optim.schedule import Schedule, lr_factor
     from cotrain.tasks import build_task
 
     steps = total_sequences // batch_size if total_sequences else 1 << 62
-    cfg = lm_config(data, batch_size, steps if total_sequences else 0, 1, 1.0, 0.0)
+    cfg = lm_config(data, batch_size, steps * batch_size if total_sequences else WALL_SAMPLES, 1, 1.0, 0.0)
     cfg = cfg.with_overrides(model={"hidden_size": hidden_size})
     if overrides:
         cfg = cfg.with_overrides(**overrides)
     opt = cfg.optimizer
+    schedule = Schedule.from_config(cfg)
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(cfg.run.seed)  # dropout's draws, and the char model's initial weights
@@ -110,7 +119,8 @@ def run_plain(data: str, total_sequences: int = 0, wall_s: float = 0.0, hidden_s
         x, y, new_epoch = batches.next_batch()
         state = None if new_epoch else state
         for group in optimizer.param_groups:
-            group["lr"] = cosine_lr(elapsed / wall_s, opt) if wall_s else lr_at(step, opt)
+            group["lr"] = opt.lr * lr_factor(schedule, elapsed / wall_s * WALL_SAMPLES if wall_s
+                                             else step * batch_size)
         loss, state, _ = task.step(model, (x, y), state, torch.device("cpu"))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -148,16 +158,14 @@ def run_lm(data: str, nodes: int, total_sequences: int, inner_steps: int, outer_
     swarm takes as many steps as the single node for the same samples.
 
     ``overrides``: config sections to replace (bench/models.py). With ``averaging.strategy = "sync"`` a round is
-    ``inner_steps`` micro-batches of every node (the collaborative batch: nodes x batch x inner_steps) and the
-    schedule runs over the rounds."""
+    ``inner_steps`` micro-batches of every node (the collaborative batch: nodes x batch x inner_steps). Either way
+    the lr follows a cosine over the swarm's samples (rounds x inner_steps x per-node batch x nodes)."""
     per_node = max(1, round(batch_size / nodes))
     steps_per_node = total_sequences // (per_node * nodes)
     rounds = max(1, steps_per_node // inner_steps)
-    cfg = lm_config(data, per_node, rounds * inner_steps, inner_steps, outer_lr, outer_momentum)
+    cfg = lm_config(data, per_node, rounds * inner_steps * per_node * nodes, inner_steps, outer_lr, outer_momentum)
     if overrides:
         cfg = cfg.with_overrides(**overrides)
-    if cfg.averaging.strategy == "sync":
-        cfg = cfg.with_overrides(optimizer={"decay_steps": rounds})  # sync's schedule follows the round
     if nodes == 1:
         # a lone node trains plainly: outer lr 1 without momentum makes its round a no-op (DiLoCo's 0.7/0.9
         # outer step on its own pseudo-gradient cost 0.22 BPC: 2.556 against 2.335)
@@ -185,6 +193,7 @@ def run_world_model(nodes: int, rounds: int, env_id: str) -> dict:
         env={"id": env_id, "episodes": 64, "horizon": 50, "eval_episodes": 64},
         data={"batch_size": 16},
         optimizer={"lr": 3e-3, "min_lr": 3e-3},
+        schedule={"kind": "constant", "warmup_samples": 0},  # a constant lr, as before the [schedule] section
         averaging={"inner_steps": 50, "matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 0.5},
         coordinator={"checkpoint_interval_s": 3600.0},
         device="cpu",

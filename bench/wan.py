@@ -237,7 +237,8 @@ def make_config(args) -> RunConfig:
     return lstm_config(
         "wan", args.data, args.hidden, embed_dim=64, layers=args.layers, seq_len=args.seq_len,
         batch_size=args.batch_size,
-        optimizer={"lr": 3e-3, "min_lr": 3e-4, "decay_steps": 0, "grad_clip": 1.0},
+        optimizer={"lr": 3e-3, "min_lr": 3e-4, "grad_clip": 1.0},
+        schedule={"kind": "constant", "warmup_samples": 0},  # a constant lr (bench/ddp_worker.py reads it too)
         averaging={"strategy": "diloco", "inner_steps": args.H, "outer_lr": args.outer_lr,
                    "matchmaking_time": 3.0, "request_timeout": 2.0, "progress_interval": 1.0,
                    "target_group_size": args.nodes, "round_wait": 30.0, "allreduce_timeout": 60.0},

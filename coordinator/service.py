@@ -39,7 +39,7 @@ MAX_TOKEN_LEN = 256
 METRIC_FIELDS = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch",
                  "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s", "state_bytes_sent",
                  "state_bytes_received", "peer_id", "units_done", "refused", "groups_from_board", "groups_matchmade",
-                 "meet_s", "allreduce_s", "memory_bytes", "processes", "heartbeat_ms")
+                 "meet_s", "allreduce_s", "memory_bytes", "processes", "heartbeat_ms", "lr")
 #: a member's progress-record key (hivemind's RSA public key, DER) is about 300 bytes
 MAX_RECORD_KEY_BYTES = 2048
 #: how long a node waits before asking again when no work unit is free
@@ -102,6 +102,8 @@ def _metrics_dict(m: pb.NodeMetrics) -> dict:
     for name in ("samples_per_s", "meet_s", "allreduce_s", "heartbeat_ms"):
         if not math.isfinite(out[name]) or out[name] < 0:
             raise InvalidField(f"metrics.{name}: must be finite and >= 0, got {out[name]}")
+    if math.isinf(out["lr"]) or out["lr"] < 0:  # NaN: no step taken yet
+        raise InvalidField(f"metrics.lr: must be finite and >= 0, got {out['lr']}")
     return out
 
 

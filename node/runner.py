@@ -31,6 +31,7 @@ from cotrain.client import CoordinatorClient, CoordinatorUnavailable
 from cotrain.config import RunConfig
 from cotrain.models import count_parameters
 from cotrain.optim import build_optimizer
+from cotrain.optim.schedule import Schedule, lr_factor
 from cotrain.outage import Outage
 from cotrain.protocol import DIAL_OUT_ONLY
 from cotrain.status import message_to_dict
@@ -84,11 +85,13 @@ class Metrics:
         self._window: list[tuple[float, int]] = []
         self.footprint = Footprint()  # the node's processes, as last measured
         self.heartbeat_ms = 0.0  # the previous heartbeat's round trip
+        self.lr = math.nan  # the inner lr of the last step
 
-    def update(self, loss: float, samples: int, compute_s: float) -> None:
+    def update(self, loss: float, samples: int, compute_s: float, lr: float = math.nan) -> None:
         now = time.monotonic()
         with self.lock:
             self.step += 1
+            self.lr = lr
             self.compute_s += compute_s
             self.samples_total += samples
             if math.isfinite(loss):
@@ -302,6 +305,7 @@ class Node:
 
     def _train(self, task, model, optimizer, cfg: RunConfig, device) -> None:
         opt_cfg = cfg.optimizer
+        schedule = Schedule.from_config(cfg)
         averaging = self.averaging
         logger.info("%s", lower_thread_priority(TRAINING_NICE))  # every thread the node needs runs already
 
@@ -366,10 +370,14 @@ class Node:
             if self.stop.is_set():
                 break
             compute_started = time.monotonic()
-            # sync: every peer steps together, so the schedule follows the round; DiLoCo: the local steps
-            lr = lr_at(averaging.round if averaging.strategy == "sync" else self.metrics.step, opt_cfg)
+            # the run's schedule at the swarm's progress, not this node's steps: a node that joins late or runs
+            # fast takes the lr its groupmates take
+            factor = lr_factor(schedule, averaging.samples_total)
+            lr = opt_cfg.lr * factor
             for group in optimizer.param_groups:
                 group["lr"] = lr
+            if cfg.schedule.outer:
+                averaging.set_outer_lr_factor(factor)
             loss, state, samples = task.step(model, batch, state, device)
             optimizer.zero_grad(set_to_none=True)
             value = loss.item()
@@ -384,7 +392,7 @@ class Node:
             if self.options.step_delay:  # a straggler for benches and tests: counted as compute, like a slow CPU
                 self.stop.wait(self.options.step_delay)
             unit_samples += samples
-            self.metrics.update(value, samples, time.monotonic() - compute_started)
+            self.metrics.update(value, samples, time.monotonic() - compute_started, lr)
             averaging.after_local_step(samples)
             now = time.monotonic()
             if now - last_status >= 1.0:
@@ -492,7 +500,7 @@ class Node:
                                   refused=self.admission.refused,
                                   refused_peers=sorted(self.admission.refused_peers)[:32],
                                   memory_bytes=m.footprint.pss_bytes, processes=m.footprint.processes,
-                                  heartbeat_ms=m.heartbeat_ms, last_group=a.stats.last_group[:64])
+                                  heartbeat_ms=m.heartbeat_ms, last_group=a.stats.last_group[:64], lr=m.lr)
 
     def _heartbeat_loop(self, interval: float) -> None:
         outage = Outage("heartbeat", logger)
@@ -566,15 +574,3 @@ def download_progress(what: str):
 
     yield log
 
-
-def lr_at(step: int, cfg) -> float:
-    """The node's schedule: cosine from lr to min_lr over decay_steps local steps (constant when 0)."""
-    if not cfg.decay_steps:
-        return cfg.lr
-    return cosine_lr(step / cfg.decay_steps, cfg)
-
-
-def cosine_lr(fraction: float, cfg) -> float:
-    """lr at ``fraction`` (0..1, clipped) of a cosine decay from cfg.lr to cfg.min_lr."""
-    t = min(1.0, max(0.0, fraction))
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t))

@@ -1,5 +1,6 @@
 """Warm starts: joining a running swarm, falling back to checkpoints, resuming, and shrink and perturb."""
 
+import json
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ from cotrain.checkpoint import load_checkpoint, save_checkpoint
 from cotrain.exit_codes import ExitCode
 from cotrain.cli.launch import start_node, wait_for
 from cotrain.models import build_model, initial_seed
+from cotrain.optim.schedule import Schedule, lr_factor
 from cotrain.client import CoordinatorClient
 from cotrain.warmstart import WarmStartError, fresh_parameters, shrink_perturb
 
@@ -59,6 +61,7 @@ def test_third_node_holds_the_donors_state_before_its_first_step(coordinator, tm
         wait_for(lambda: not joiner.alive(), 120, what="the joiner to take three steps")
         assert joiner.stop(10) == 0, joiner.log()[-3000:]
         left = row(client, "joiner")
+        donor_status = json.loads((tmp_path / "d0" / "status.json").read_text())
     finally:
         for p in donors + ([joiner] if joiner else []):
             p.stop(30)
@@ -70,6 +73,14 @@ def test_third_node_holds_the_donors_state_before_its_first_step(coordinator, tm
     assert took.round >= 3 and all(r >= 3 for r, _ in took.metadata["rounds"]), took.metadata
     assert left.state == "left" and left.metrics.step == 3, left
     assert left.metrics.state_bytes_received > 0, left.metrics
+    # its lr is the run's schedule at the swarm's samples, as the veterans': not the warmup's start, where its own
+    # three steps would put it (the tiny run is still in its warmup, where the lr rises with the samples)
+    status = json.loads((tmp_path / "j" / "status.json").read_text())
+    schedule, peak = Schedule.from_config(coordinator.cfg), coordinator.cfg.optimizer.lr
+    own = peak * lr_factor(schedule, 2 * coordinator.cfg.data.batch_size)
+    assert status["lr"] > 5 * own, (status, own)
+    assert status["lr"] <= peak * lr_factor(schedule, status["samples_total"]) + 1e-12, status
+    assert 0.5 < status["lr"] / donor_status["lr"] <= 1.0 + 1e-9, (status, donor_status)
     # the donors kept their own last state: the joiner's is a state of the same run that moved on from initial
     # weights as theirs did (a missing signal: nodes record no state hash per round, so the very round cannot be
     # compared)

@@ -104,6 +104,31 @@ class DataConfig(_Section):
     max_bytes: int = Field(0, ge=0)
 
 
+class ScheduleConfig(_Section):
+    """The run's learning-rate schedule (:mod:`cotrain.optim.schedule`): a warmup, then a shape, as a function of
+    the samples the whole swarm has trained on (the shared state's count), so that every node of a round uses the
+    same lr whatever its speed and whenever it joined. The peak is ``optimizer.lr``, the floor ``optimizer.min_lr``.
+
+    A run of known length states its horizon and takes ``cosine`` (or ``wsd``); an open-ended run takes
+    ``inverse_sqrt``, the default, which needs no horizon."""
+
+    #: "inverse_sqrt": the peak until timescale_samples, then peak x sqrt(timescale / samples), never below min_lr
+    #: (needs no horizon). "cosine": from the peak to min_lr over horizon_samples. "wsd": the peak, then a linear
+    #: cooldown to min_lr over the last cooldown_fraction of horizon_samples. "constant":
+    #: the peak for ever (a DiLoCo run's model stops improving once the noise of a constant lr dominates)
+    kind: Literal["constant", "cosine", "wsd", "inverse_sqrt"] = "inverse_sqrt"
+    #: the run's length in samples, all nodes together (0: open-ended)
+    horizon_samples: int = Field(0, ge=0)
+    #: linear warmup from 1% of the peak over this many samples of the swarm
+    warmup_samples: int = Field(2048, ge=0)
+    #: wsd with a horizon: the part of it spent cooling down
+    cooldown_fraction: float = Field(0.2, gt=0.0, le=1.0)
+    #: inverse_sqrt: where the decay starts (0: warmup_samples)
+    timescale_samples: int = Field(16384, ge=0)
+    #: the outer step's lr (DiLoCo's outer_lr) follows the schedule too
+    outer: bool = False
+
+
 class OptimizerConfig(_Section):
     """The inner optimizer every node runs locally.
 
@@ -116,9 +141,8 @@ class OptimizerConfig(_Section):
     #: adamw 3e-3 to 1e-2; muon and root 1e-2 (their matrices' steps have AdamW's RMS at the same lr; 3e-3 is slow,
     #: 2e-2 overshoots); lamb 1e-2 (3e-3 is slow, 3e-2 unstable); lars and tvlars about 5 (with trust_coefficient 1e-3)
     lr: float = Field(3e-3, gt=0.0, le=10.0)
+    #: the schedule's floor (see [schedule]); one above lr is taken as lr
     min_lr: float = Field(3e-4, ge=0.0, le=10.0)
-    #: cosine decay from lr to min_lr over this many local steps (0 = constant lr)
-    decay_steps: int = Field(0, ge=0)
     #: decoupled weight decay (AdamW, Muon/ROOT, LAMB's matrices), or L2 added to the gradient (LARS/TVLARS matrices)
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
     grad_clip: float = Field(1.0, gt=0.0)
@@ -375,12 +399,22 @@ class RunConfig(_Section):
     data: DataConfig = DataConfig()
     env: EnvConfig = EnvConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
     averaging: AveragingConfig = AveragingConfig()
     compression: CompressionConfig = CompressionConfig()
     coordinator: CoordinatorConfig = CoordinatorConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
     #: torch device for training: "cpu", "cuda", "cuda:1", or "auto" (cuda when present)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
+
+    @model_validator(mode="after")
+    def _schedule(self) -> "RunConfig":
+        from cotrain.optim.schedule import Schedule
+
+        problems = Schedule.from_config(self).problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @model_validator(mode="after")
     def _sparse_aggregation(self) -> "RunConfig":
@@ -465,6 +499,9 @@ def _format_errors(error: ValidationError, origin: str) -> str:
         message = item["msg"]
         if item["type"] == "extra_forbidden":
             message = "unknown field"
+        elif item["type"] == "value_error" and not item["loc"]:
+            problems.append(str(item.get("ctx", {}).get("error", message)))  # names its fields itself
+            continue
         elif "input" in item and not isinstance(item["input"], dict):
             message = f"{message} (got {item['input']!r})"
         problems.append(f"{field}: {message}")

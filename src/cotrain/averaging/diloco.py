@@ -73,10 +73,13 @@ class DiLoCo(RoundAverager):
             if residual is not None:
                 p.sub_(residual[i].to(p.device, p.dtype), alpha=self.feedback_decay)
 
+    def set_outer_lr_factor(self, factor: float) -> None:
+        self.outer.param_groups[0]["lr"] = self.cfg.outer_lr * factor
+
     def outer_step_with(self, delta) -> list[torch.Tensor]:
         """Where the outer step would take the global parameters if the group's average were ``delta`` (the outer
         optimizer's state untouched): SGD with Nesterov momentum as torch computes it, or plain SGD."""
-        lr, mu = self.cfg.outer_lr, self.outer.param_groups[0]["momentum"]
+        lr, mu = self.outer.param_groups[0]["lr"], self.outer.param_groups[0]["momentum"]
         out = []
         with torch.no_grad():
             for g, m, d in zip(self.global_params, self.momentum, delta):

@@ -264,6 +264,10 @@ class RoundAverager(abc.ABC):
         local steps since (see :mod:`cotrain.averaging.overlap`); None when the round ended here and now."""
         ...
 
+    def set_outer_lr_factor(self, factor: float) -> None:
+        """The run's schedule for the outer step (schedule.outer): its lr is the config's times ``factor``.
+        Strategies without an outer step ignore it."""
+
     def discard_round(self) -> None:
         """Forget this round's local work (after a resync the shared state has moved on)."""
 

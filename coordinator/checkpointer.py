@@ -4,7 +4,8 @@ Every ``checkpoint_interval_s`` it reads the swarm's progress from the DHT; when
 that is not checkpointed yet, it downloads the global state from the peer with the most progress (hivemind's state
 download, the same path a joining node takes), writes it atomically to ``state_dir/checkpoints``, records it in
 the store, and hands it to the :class:`Evaluator` (every ``eval_every_rounds`` rounds; on a Ray fleet as a task), whose
-results go into the run's metrics.
+results go into the run's metrics, with the swarm's samples at that checkpoint (``samples_total``) and the schedule's
+inner lr there (``lr``): the dashboard's learning curve.
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ import torch
 from cotrain.averaging import Exchange, ProgressBoard, download_state, pick_donors
 from cotrain.checkpoint import save_checkpoint
 from cotrain.config import RunConfig
+from cotrain.optim.schedule import Schedule, lr_factor
 from cotrain.outage import Outage
 from cotrain.coordinator.evaluator import Evaluator
 from cotrain.coordinator.service import SwarmSummary
 from cotrain.coordinator.store import Store
 
 logger = logging.getLogger(__name__)
+
+#: at most this many checkpoints' samples kept for evaluations still to come (a Ray task that failed never comes)
+SAMPLES_KEPT = 64
 
 
 class Checkpointer(threading.Thread):
@@ -39,6 +44,10 @@ class Checkpointer(threading.Thread):
         self.stop_event = threading.Event()
         self.wake = threading.Event()
         self.failures = Outage("checkpoint", logger)
+        self.schedule = Schedule.from_config(cfg)
+        #: round -> the swarm's samples at its checkpoint, for the evaluations not recorded yet (a Ray task's comes
+        #: back ticks later, and not necessarily in round order)
+        self.samples_at: dict[int, int] = {}
         checkpoints = store.checkpoints()
         self.last_round = checkpoints[0].round if checkpoints else -1
         if checkpoints:
@@ -94,18 +103,38 @@ class Checkpointer(threading.Thread):
         self.summary.latest_checkpoint, self.summary.latest_checkpoint_round = str(path), round_number
         logger.info("checkpoint of round %d written to %s", round_number, path)
         self._prune()
+        if self.evaluator.due(round_number):
+            self._remember_samples(round_number, samples_total)
         for evaluated, metrics in self.evaluator.submit(round_number, path.read_bytes):
             self._record_eval(evaluated, metrics)
         return path
 
+    def _remember_samples(self, round_number: int, samples_total: int) -> None:
+        self.samples_at[round_number] = samples_total
+        for old in sorted(self.samples_at)[:-SAMPLES_KEPT]:
+            del self.samples_at[old]
+
+    def _samples_of(self, round_number: int) -> Optional[int]:
+        """The swarm's samples at the checkpoint of ``round_number``: remembered when it was saved, else from its
+        row in the store while it is kept; None when neither knows."""
+        samples = self.samples_at.pop(round_number, None)
+        if samples is None:
+            samples = next((c.samples_total for c in self.store.checkpoints() if c.round == round_number), None)
+        return samples
+
     def _record_eval(self, round_number: int, metrics: dict) -> None:
+        samples = self._samples_of(round_number)
+        figures = metrics
+        if samples is not None:
+            lr = self.cfg.optimizer.lr * lr_factor(self.schedule, samples)
+            metrics = dict(metrics, samples_total=int(samples), lr=float(lr))
         self.store.add_eval(round_number, metrics)
         s = self.summary
         if round_number < s.val_round:
             return  # a Ray task that finished after a later round's: kept in the history, not shown as latest
         s.val_loss, s.val_bpc, s.val_round, s.val_metrics = metrics["val_loss"], metrics["val_bpc"], round_number, metrics
-        logger.info("round %d: validation %s", round_number,
-                    ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        logger.info("round %d: validation %s%s", round_number, ", ".join(f"{k} {v:.4f}" for k, v in figures.items()),
+                    "" if samples is None else f" (at {samples} samples of the swarm, lr {metrics['lr']:.3g})")
 
     def _prune(self) -> None:
         keep = self.cfg.coordinator.keep_checkpoints

@@ -1,7 +1,8 @@
 """The coordinator's HTTP side (``--http-port``): the live dashboard, its JSON API and Prometheus ``/metrics``.
 
-- ``/``: the dashboard (curves of training and validation loss, nodes online, throughput, bytes on the wire, and a
-  contributors leaderboard), drawn with the plotly.js that the plotly package ships, refreshed every 2 s;
+- ``/``: the dashboard (the learning curve: validation BPC and the lr against the swarm's samples; curves of training
+  and validation loss, nodes online, throughput, bytes on the wire; a contributors leaderboard), drawn with the
+  plotly.js that the plotly package ships, refreshed every 2 s; a chart with no data yet says so;
 - ``/api/status``: what ``GetSwarmHealth`` returns, as JSON (``cotrain swarm status --format json`` prints the same);
 - ``/api/history``: the curves, from the state dir's SQLite, so a restarted coordinator keeps them;
 - ``/metrics``: the same figures for Prometheus.
@@ -35,13 +36,27 @@ logger = logging.getLogger(__name__)
 BUCKET_S = 10.0
 
 
+def _finite(x) -> float | None:
+    """``x`` as a float when it is a finite number, else None (NaN and inf are not JSON)."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def _eval_view(e: EvalRow) -> dict:
+    samples = e.metrics.get("samples_total")
+    return {"t": e.time, "round": e.round, "val_loss": _finite(e.val_loss), "val_bpc": _finite(e.val_bpc),
+            # the swarm's samples at the evaluated checkpoint and the schedule's lr there; None in rows from before
+            "samples": int(samples) if _finite(samples) is not None else None, "lr": _finite(e.metrics.get("lr"))}
+
+
 def history_view(rows: list[HistoryRow], evals: list[EvalRow], names: dict[str, str],
                  bucket_s: float = BUCKET_S) -> dict:
     """The dashboard's curves from the stored history rows, as a pure function of them.
 
     Per node: loss over time. Per ``bucket_s`` bucket: nodes that reported, summed samples/s, and the bytes every
     node had sent and received by then (each node's latest counters, summed). Leaderboard: samples each node
-    trained on, time between its first and last report, rounds it averaged.
+    trained on, time between its first and last report, rounds it averaged. Evaluations: time, round, validation
+    loss and BPC, and the swarm's samples at the checkpoint (``samples``) with the lr there (``lr``), for the
+    learning curve (None where unknown, as in rows stored before they were recorded).
     """
     points, buckets, latest = [], {}, {}
     first_seen, last_seen, best = {}, {}, {}
@@ -68,8 +83,7 @@ def history_view(rows: list[HistoryRow], evals: list[EvalRow], names: dict[str, 
              for n in best]
     board.sort(key=lambda c: c["samples"], reverse=True)
     return {"points": points, "buckets": out_buckets, "names": names, "leaderboard": board,
-            "evals": [{"t": e.time, "round": e.round, "val_loss": e.val_loss,
-                       "val_bpc": e.val_bpc if math.isfinite(e.val_bpc) else None} for e in evals]}
+            "evals": [_eval_view(e) for e in evals]}
 
 
 class SwarmCollector:

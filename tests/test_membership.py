@@ -64,4 +64,4 @@ def test_history_view_builds_the_dashboard_curves():
     assert [c["name"] for c in view_["leaderboard"]] == ["alice", "bob"]
     assert view_["leaderboard"][0]["online_s"] == 12.0
     assert view_["points"][1]["loss"] is None  # NaN is not JSON
-    assert view_["evals"] == [{"t": 105.0, "round": 1, "val_loss": 2.9, "val_bpc": None}]
+    assert view_["evals"] == [{"t": 105.0, "round": 1, "val_loss": 2.9, "val_bpc": None, "samples": None, "lr": None}]

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import urllib.request
@@ -12,12 +13,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cotrain.cli.launch import wait_for
 from cotrain.client import CoordinatorClient
+from cotrain.optim.schedule import Schedule, lr_factor
 
 from tiny_swarm import RunningCoordinator, tiny_config
 
 pytestmark = pytest.mark.swarm
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHARTS = ("curve", "loss", "val", "online", "throughput", "bytes")
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +66,11 @@ def test_status_json_of_a_live_swarm(live_swarm):
     history = json.loads(get(running.info["http"] + "/api/history"))
     assert {c["name"] for c in history["leaderboard"]} == {"alice", "bob"}
     assert history["evals"] and history["buckets"]
+    # the learning curve's points: the swarm's samples at each evaluated checkpoint, and the schedule's lr there
+    cfg = running.cfg
+    for e in history["evals"]:
+        assert e["samples"] > 0 or e["round"] == 0, e
+        assert e["lr"] == pytest.approx(cfg.optimizer.lr * lr_factor(Schedule.from_config(cfg), e["samples"]))
 
 
 def test_prometheus_metrics_parse(live_swarm):
@@ -78,17 +86,31 @@ def test_prometheus_metrics_parse(live_swarm):
     assert families["cotrain_units_total"].samples[0].value > 0
 
 
+def chromium(tmp) -> list[str]:
+    """Headless chromium, as the tests run it (add --dump-dom or --screenshot, and the URL)."""
+    return [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp / 'chromium'}", "--window-size=1280,1600", "--virtual-time-budget=8000"]
+
+
+def chart_states(dom: str) -> dict[str, str]:
+    """Each chart's ``data-empty`` ("yes": it says it has no data yet), by its element id."""
+    return {id_: m.group(1) if m else "" for id_ in CHARTS
+            for m in [re.search(rf'<div id="{id_}"[^>]*data-empty="(\w+)"', dom)]}
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (the Makefile's test target installs it)")
 def test_dashboard_renders_in_a_headless_browser(live_swarm):
     running, tmp = live_swarm
     url = running.info["http"] + "/"
-    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              f"--user-data-dir={tmp / 'chromium'}", "--window-size=1280,1600", "--virtual-time-budget=8000"]
+    common = chromium(tmp)
     dom = subprocess.run(common + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
     assert 'data-loaded="yes"' in dom, dom[-2000:]
     assert "alice" in dom and "bob" in dom
-    assert dom.count("main-svg") >= 5  # plotly drew the charts
+    assert dom.count("main-svg") >= 6  # plotly drew the charts
+    # every chart has data by now, the learning curve (first) included: no "no data yet" on any of them
+    assert chart_states(dom) == dict.fromkeys(CHARTS, "no"), chart_states(dom)
+    assert dom.index('id="curve"') < dom.index('id="loss"')
     shot = tmp / "dashboard.png"
     subprocess.run(common + [f"--screenshot={shot}", url], capture_output=True, timeout=120)
     assert shot.exists() and shot.stat().st_size > 10_000
@@ -97,6 +119,26 @@ def test_dashboard_renders_in_a_headless_browser(live_swarm):
         os.makedirs(target, exist_ok=True)
         shutil.copy(shot, os.path.join(target, "dashboard.png"))
     print(f"dashboard screenshot: {shot}")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (the Makefile's test target installs it)")
+def test_a_fresh_runs_dashboard_says_its_charts_have_no_data_yet(tmp_path, corpus_file, node_zygote):
+    running = RunningCoordinator(tmp_path, tiny_config(corpus_file), extra=["--http-port", "0"], zygote=node_zygote)
+    try:
+        url = running.info["http"] + "/"
+        history = json.loads(get(url + "api/history"))
+        assert history["evals"] == [] and history["points"] == [] and history["buckets"] == []
+        dom = subprocess.run(chromium(tmp_path) + ["--dump-dom", url], capture_output=True, text=True,
+                             timeout=120).stdout
+    finally:
+        running.stop()
+    assert 'data-loaded="yes"' in dom, dom[-2000:]
+    assert chart_states(dom) == dict.fromkeys(CHARTS, "yes"), chart_states(dom)
+    # each chart says so in its drawing (a plotly annotation), and draws no axis (a date axis from the year 2000)
+    said = re.findall(r'class="annotation-text"[^>]*>(no data yet[^<]*)<', dom)
+    assert len(said) == len(CHARTS), said
+    assert "the first evaluation comes after the first checkpoint" in said[0]
+    assert 'class="xtick"' not in dom and 'class="ytick"' not in dom
 
 
 def test_grafana_dashboard_uses_only_metrics_we_export(live_swarm):

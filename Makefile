@@ -10,6 +10,8 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PIP_TORCH_FLAGS ?=
 PYTEST_FLAGS ?=
+# e.g. make demo DEMO_ARGS="--duration 1800 --nodes 2": a longer demo (cotrain demo --help lists the options)
+DEMO_ARGS ?=
 
 .PHONY: demo test test-fast protos bench clean browser
 
@@ -23,7 +25,7 @@ $(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python
 	touch $@
 
 demo: $(VENV)/.installed
-	$(BIN)/cotrain demo
+	$(BIN)/cotrain demo $(DEMO_ARGS)
 
 # the whole suite as CI runs it: test files spread over two workers (a file's tests stay together: some share a
 # module's swarm or network namespaces)

@@ -8,6 +8,7 @@ checkpoint is.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -23,9 +24,10 @@ from cotrain.cli.launch import LaunchError, cpu_shares, start_coordinator, start
 from cotrain.cli.zygote import Zygote, ZygoteError
 from cotrain.models import generate
 
+#: the demo trains with a user's defaults (RunConfig()); it only checkpoints, and so evaluates, more often, so that the
+#: dashboard's learning curve fills within the demo's minutes
 DEMO_CONFIG = dict(
     run={"name": "demo"},
-    averaging={"inner_steps": 40, "matchmaking_time": 3.0, "request_timeout": 2.0},
     coordinator={"checkpoint_interval_s": 10.0, "heartbeat_interval_s": 1.0},
 )
 
@@ -61,7 +63,8 @@ def run_demo(args) -> int:
     console.print(f"[bold]cotrain demo[/bold]: {args.nodes} nodes, {args.duration:.0f}s of training, "
                   f"corpus {cfg.data.source} ({corpus.size:,} bytes), work dir {workdir}")
     started = time.monotonic()
-    coordinator, address = start_coordinator(state_dir, config_path)
+    coordinator, address = start_coordinator(state_dir, config_path, extra=["--http-port", "0"])
+    dashboard = json.loads((state_dir / "coordinator.json").read_text()).get("http")
     nodes = []
     zygote = None
     client = CoordinatorClient(address, insecure=True, rpc_timeout=5.0)
@@ -78,6 +81,8 @@ def run_demo(args) -> int:
             name = f"node-{i + 1}"
             nodes.append(start_node(address, token, name, workdir / name, extra=share, zygote=zygote))
         console.print(f"coordinator at {address}; logs in {workdir}")
+        if dashboard:
+            console.print(f"[bold]dashboard: {dashboard}[/bold] (the learning curve and its lr, live)")
         train_started = time.monotonic()
         with Live(health_table(client.health()), console=console, refresh_per_second=2) as live:
             while time.monotonic() - train_started < args.duration:

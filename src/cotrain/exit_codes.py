@@ -19,7 +19,8 @@ class ExitCode(enum.IntEnum):
     UNAVAILABLE = 6
     #: the state dir belongs to another run, or a token name is taken
     STATE = 7
-    #: the operator's Ray cluster could not be reached or cannot place the managed nodes
+    #: the operator's Ray cluster could not be reached or failed to place the managed nodes (sizes known not to fit
+    #: at start are CONFIG)
     FLEET = 8
     #: stopped by Ctrl-C before finishing
     INTERRUPTED = 130

@@ -225,11 +225,12 @@ class AveragingConfig(_Section):
     clip_multiple: float = Field(2.0, ge=1.0, le=10.0)
     #: H, the mean number of local steps per node between two averaging rounds
     inner_steps: int = Field(50, ge=1, le=1_000_000)
-    #: the outer Nesterov step. 0.7 / 0.9 (the DiLoCo paper's) suits runs of hundreds of rounds; a run of a few to a
-    #: few tens of rounds does better with 1.0 / 0.5, as momentum 0.9 never builds up (bench/communication.py: 3
-    #: nodes, 4 rounds of H=125, in-process: 0.7/0.9 ended 3.2% above data-parallel training, 1.0/0.5 0.3% below)
-    outer_lr: float = Field(0.7, gt=0.0, le=10.0)
-    outer_momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    #: the outer Nesterov step. At steady state Nesterov multiplies a pseudo-gradient that keeps its direction by
+    #: outer_lr x (1 + mu + mu^2 / (1 - mu)): 2x at 1.0 / 0.5, 7x at the DiLoCo paper's 0.7 / 0.9, which was made for
+    #: H = 500 with a decaying inner lr; at H of tens of steps it amplifies each round's noise until the shared model
+    #: degrades (README, "Long runs"). 1.0 / 0 is plain averaging of the nodes' models
+    outer_lr: float = Field(1.0, gt=0.0, le=10.0)
+    outer_momentum: float = Field(0.5, ge=0.0, lt=1.0)
     #: DiLoCo's outer step. "nesterov": the averaged pseudo-gradient drives a Nesterov step (outer_lr,
     #: outer_momentum); what a lossy codec did not send stays in the local model. "error_feedback" (SparseLoCo,
     #: Templar 2025): each node keeps what it did not send in a buffer that decays by error_decay every round and
@@ -247,7 +248,7 @@ class AveragingConfig(_Section):
     #: in-process, 3 replicas, 20 rounds of H=30, the sparse codec at 64 of 4096 and 2 bits, the shared model's
     #: loss against dense DiLoCo (Nesterov 1.0 / 0.5): LSTM 1x128, "model" -0.6% at outer_lr 2 (+5.2% at 1),
     #: "separate" +5.6% at 2 (+6.9% at 1); LSTM 2x512, "model" -4.3% at outer_lr 2. SparseLoCo ran "separate"
-    #: over thousands of rounds. With outer = "error_feedback" set outer_lr to about 2: 0.7 is Nesterov's.
+    #: over thousands of rounds. With outer = "error_feedback" set outer_lr to about 2: 1.0 is Nesterov's.
     error_buffer: Literal["model", "separate"] = "model"
     #: how a round's group forms. "board_only" (the default): every peer computes the same groups from the progress
     #: board (cotrain.averaging.groups), goes to the round's meeting at its group's host when it took its H steps,

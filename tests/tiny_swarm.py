@@ -61,6 +61,8 @@ def tiny_config(corpus: Path, **overrides) -> RunConfig:
         model={"kind": "lstm", "embed_dim": 16, "hidden_size": 64, "num_layers": 1, "dropout": 0.0},
         data={"source": str(corpus), "seq_len": 32, "batch_size": 8},
         optimizer={"lr": 0.01},
+        # the tests' runs last a few rounds of a few hundred samples: the peak lr from the first step, no decay
+        schedule={"kind": "constant", "warmup_samples": 0},
         averaging={"inner_steps": 10, "matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 0.5,
                    "allreduce_timeout": 20.0, "round_wait": 20.0},
         coordinator={"heartbeat_interval_s": 0.5, "lost_after_missed": 20, "checkpoint_interval_s": 2.0,

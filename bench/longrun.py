@@ -1,0 +1,236 @@
+"""Does the shared model keep improving over a long run, with a user's defaults? A plain loop and three swarms, one
+after another, each to the same samples, with the validation curve of each.
+
+    python bench/longrun.py [--samples 150000] [--rows plain cotrain_1 cotrain_3 cotrain_hetero] [--device cpu]
+                            [--json FILE]
+
+Every row trains the demo's run (the default run config: the byte-level LSTM 2x256, the built-in corpus, AdamW,
+the default schedule and averaging) to ``--samples`` samples in all:
+
+- ``plain``: a plain PyTorch loop in this process: the same model, the same work units in the coordinator's order
+  (the hidden state carried within a unit), the same optimizer, clip and schedule (at its own samples), every core;
+- ``cotrain_1``: one node, every core;
+- ``cotrain_3``: three nodes sharing this machine's cores;
+- ``cotrain_hetero``: three nodes, one at full speed and two made about 5x slower with ``--step-delay`` (4x the
+  step time the three nodes of ``cotrain_3`` took, measured there, or ``--slow-delay``).
+
+The swarms' curve is the coordinator's: it checkpoints the shared model every ``--checkpoint-interval`` seconds
+and evaluates each checkpoint on the first ``coordinator.eval_bytes`` of the validation split, as the dashboard
+shows it; the plain loop evaluates the same bytes every ``--eval-every`` samples. The last point of a swarm's curve
+is the state its nodes left with. ``vs plain`` is a row's final BPC over the plain loop's at the same samples (its
+curve interpolated); ``vs its fast node alone`` (cotrain_hetero) is over the plain loop's at the samples the fast
+node trained itself, what it would have reached alone in that time. The table gives best and final BPC, and final /
+best (a run that degrades late ends above 1.01).
+
+JSON: ``{"samples": int, "runs": [{"name", "device", "curve": [[samples, val_bpc], ...], "best_val_bpc",
+"final_val_bpc", "samples", "wall_s", "vs_plain", "nodes": [...], and for cotrain_hetero "fast_node_samples",
+"vs_fast_node_alone"}], "config": str}``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import Swarm, bench_parser, final_checkpoint, print_table, wait_for, work_folder, write_json  # noqa: E402
+
+from cotrain.config import RunConfig  # noqa: E402
+from cotrain.coordinator.store import read_evals  # noqa: E402
+from cotrain.data import Corpus  # noqa: E402
+from cotrain.evaluation import evaluate_model, evaluate_state  # noqa: E402
+from cotrain.models import build_model  # noqa: E402
+from cotrain.optim import build_optimizer  # noqa: E402
+from cotrain.optim.schedule import Schedule, lr_factor  # noqa: E402
+from cotrain.tasks import build_task  # noqa: E402
+
+ROWS = ("plain", "cotrain_1", "cotrain_3", "cotrain_hetero")
+
+
+def run_config(args) -> RunConfig:
+    """The user's defaults; only where the data lives, the device, and how often the coordinator checkpoints."""
+    return RunConfig().with_overrides(run={"name": "longrun"}, data={"source": args.data or "builtin"},
+                                      device=args.device,
+                                      coordinator={"checkpoint_interval_s": args.checkpoint_interval})
+
+
+class UnitLoop:
+    """The plain loop: one model trained through the coordinator's work units in order, as one node takes them."""
+
+    def __init__(self, cfg: RunConfig, corpus: Corpus, device: torch.device):
+        self.cfg, self.corpus, self.device = cfg, corpus, device
+        self.task = build_task(cfg)
+        self.model = build_model(cfg, corpus.byte_counts()).to(device)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        self.schedule = Schedule.from_config(cfg)
+        self.units = max(1, corpus.train.size // cfg.coordinator.unit_bytes)
+        self.unit, self.samples, self.state = -1, 0, None
+        self._next_unit()
+
+    def _next_unit(self) -> None:
+        self.unit += 1
+        start = self.corpus.train.start + (self.unit % self.units) * self.cfg.coordinator.unit_bytes
+        end = min(self.corpus.train.end, start + self.cfg.coordinator.unit_bytes)
+        self.batches, self.state = self.task.train_data(self.corpus.read, start, end, 0), None
+
+    def step(self) -> None:
+        if self.batches.done:
+            self._next_unit()
+        batch, reset = self.batches.next()
+        if reset:
+            self.state = None
+        lr = self.cfg.optimizer.lr * lr_factor(self.schedule, self.samples)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss, state, samples = self.task.step(self.model, batch, self.state, self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optimizer.grad_clip)
+        self.optimizer.step()
+        self.state = self.model.detach_state(state)
+        self.samples += samples
+
+
+def run_plain(cfg: RunConfig, args) -> dict:
+    device = torch.device(args.device)
+    corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)
+    loop = UnitLoop(cfg, corpus, device)
+    curve, started, next_eval = [], time.monotonic(), 0
+
+    def evaluate():
+        bpc = evaluate_model(cfg, loop.model, corpus=corpus, max_bytes=cfg.coordinator.eval_bytes)["val_bpc"]
+        curve.append([loop.samples, round(bpc, 4)])
+        print(f"plain: {loop.samples} samples  val {bpc:.4f} BPC  {time.monotonic() - started:.0f}s", flush=True)
+
+    while loop.samples < args.samples:
+        if loop.samples >= next_eval:
+            evaluate()
+            next_eval += args.eval_every
+        loop.step()
+    evaluate()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return row("plain", args.device, curve, time.monotonic() - started, [])
+
+
+def run_swarm(name: str, cfg: RunConfig, args, node_flags: list[list[str]]) -> dict:
+    """Start a coordinator and a node per entry of ``node_flags``, stop them once their samples add up to
+    ``--samples``, and read the coordinator's curve; the last point is the state the nodes left with."""
+    names = [f"node-{i}" for i in range(len(node_flags))]
+    corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)
+    with work_folder(f"cotrain-longrun-{name}-", keep=args.keep) as work:
+        with Swarm(cfg, work, nodes=len(names), zygote=len(names) > 1) as swarm:
+            started = time.monotonic()
+            for node, flags in zip(names, node_flags):
+                swarm.start_node(node, ["--wait-peers", str(len(names)), *flags])
+            reported = 0
+
+            def enough() -> bool:
+                nonlocal reported
+                done = sum(int(r.get("samples_local", 0)) for r in swarm.node_rows())
+                if done >= reported + 10_000:
+                    reported = done
+                    print(f"{name}: {done} samples  {time.monotonic() - started:.0f}s", flush=True)
+                for proc in swarm.nodes:
+                    if not proc.alive():
+                        raise RuntimeError(f"{proc.name} exited early; logs in {work}")
+                return done >= args.samples
+
+            wait_for(enough, args.row_timeout, interval=1.0, what=f"{name} to train {args.samples} samples")
+            wall = time.monotonic() - started
+            swarm.stop_nodes()
+            nodes = swarm.node_rows()
+            evals = read_evals(swarm.state_dir)
+        final = final_checkpoint(work, names)
+        bpc = evaluate_state(cfg, final.model_state(), corpus=corpus, max_bytes=cfg.coordinator.eval_bytes)["val_bpc"]
+    curve = [[int(e.metrics.get("samples_total", 0)), round(e.val_bpc, 4)] for e in evals]
+    curve = sorted(p for p in curve if p[0] < int(final.metadata.get("samples_total", 0)))
+    curve.append([int(final.metadata.get("samples_total", 0)), round(bpc, 4)])
+    print(f"{name}: final {bpc:.4f} BPC at {curve[-1][0]} samples, round {final.round}", flush=True)
+    return row(name, args.device, curve, wall, [
+        {k: n.get(k) for k in ("name", "samples_local", "steps", "step", "round", "compute_s", "wall_s", "lr")}
+        for n in nodes])
+
+
+def row(name: str, device: str, curve: list, wall: float, nodes: list) -> dict:
+    values = [b for s, b in curve if s > 0]
+    return dict(name=name, device=device, curve=curve, best_val_bpc=min(values), final_val_bpc=values[-1],
+                samples=curve[-1][0], wall_s=round(wall, 1), nodes=nodes)
+
+
+def at_samples(curve: list, samples: int) -> Optional[float]:
+    """The curve's BPC at ``samples``, interpolated linearly between its points; its last value up to 5% past its
+    end (a swarm stops a few steps past the samples asked for); None elsewhere."""
+    for (s0, b0), (s1, b1) in zip(curve, curve[1:]):
+        if s0 <= samples <= s1:
+            return b0 if s1 == s0 else b0 + (b1 - b0) * (samples - s0) / (s1 - s0)
+    if curve and curve[-1][0] < samples <= curve[-1][0] * 1.05:
+        return curve[-1][1]
+    return None
+
+
+def main() -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--samples", type=int, default=150_000, help="samples a row trains, all nodes together")
+    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
+    parser.add_argument("--eval-every", type=int, default=8000, help="the plain loop's samples between evaluations")
+    parser.add_argument("--checkpoint-interval", type=float, default=30.0,
+                        help="seconds between the coordinator's checkpoints (each is evaluated)")
+    parser.add_argument("--slow-delay", type=float, default=0.0,
+                        help="cotrain_hetero: seconds added to each step of the two slow nodes (0: 4x the step time "
+                             "cotrain_3's nodes took, else 0.5)")
+    parser.add_argument("--row-timeout", type=float, default=3600.0)
+    parser.add_argument("--keep", action="store_true", help="keep each swarm's work folder (logs, state)")
+    args = parser.parse_args()
+    cfg = run_config(args)
+    torch.set_flush_denormal(True)
+    runs = []
+    for name in args.rows:
+        if name == "plain":
+            runs.append(run_plain(cfg, args))
+        elif name == "cotrain_1":
+            runs.append(run_swarm(name, cfg, args, [[]]))
+        elif name == "cotrain_3":
+            runs.append(run_swarm(name, cfg, args, [[], [], []]))
+        else:
+            delay = args.slow_delay
+            three = next((r for r in runs if r["name"] == "cotrain_3"), None)
+            if not delay and three:
+                step_s = [n["wall_s"] / n["step"] for n in three["nodes"] if n.get("step")]
+                delay = 4 * sum(step_s) / len(step_s) if step_s else 0.5
+            delay = delay or 0.5
+            print(f"cotrain_hetero: the two slow nodes wait {delay:.3f}s a step", flush=True)
+            runs.append(run_swarm(name, cfg, args, [[], ["--step-delay", f"{delay:.4f}"],
+                                                    ["--step-delay", f"{delay:.4f}"]]))
+    plain = next((r for r in runs if r["name"] == "plain"), None)
+    for r in runs:
+        ref = at_samples(plain["curve"], r["samples"]) if plain else None
+        r["vs_plain"] = round(r["final_val_bpc"] / ref, 4) if ref else None
+        if r["name"] == "cotrain_hetero" and plain:
+            # the fast node training alone for the same time would have trained its own samples only: the plain
+            # loop's BPC there (the plain loop is the fast node alone, with every core)
+            fast = max(int(n.get("samples_local") or 0) for n in r["nodes"])
+            alone = at_samples(plain["curve"], fast)
+            r["fast_node_samples"] = fast
+            r["vs_fast_node_alone"] = round(r["final_val_bpc"] / alone, 4) if alone else None
+    print_table(f"long runs with the default config, {args.samples:,} samples a row, on {args.device}",
+                ["row", "samples", "wall s", "best BPC", "final BPC", "final / best", "vs plain",
+                 "vs its fast node alone"],
+                [[r["name"], r["samples"], r["wall_s"], r["best_val_bpc"], r["final_val_bpc"],
+                  round(r["final_val_bpc"] / r["best_val_bpc"], 4), r["vs_plain"] or "-",
+                  r.get("vs_fast_node_alone") or "-"] for r in runs])
+    for r in runs:
+        print(f"\n{r['name']} curve (samples: BPC): " + ", ".join(f"{s}: {b:.3f}" for s, b in r["curve"]))
+    write_json(args.json, {"samples": args.samples, "runs": runs, "config": cfg.to_toml()})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -277,6 +277,53 @@ def cosine_schedule(total_samples: int) -> dict:
     return {"kind": "cosine", "horizon_samples": total_samples, "warmup_samples": 0}
 
 
+class UnitLoop:
+    """A plain training loop through the coordinator's work units as a node takes them: unit ``first``, then every
+    ``stride``-th (the replicas of an in-process swarm), the hidden state carried within a unit; the run config's
+    model (its output bias from ``byte_counts``), optimizer and clip. The caller gives each step its lr."""
+
+    def __init__(self, cfg: RunConfig, corpus, byte_counts, device="cpu", first: int = 0, stride: int = 1):
+        import torch
+
+        from cotrain.models import build_model
+        from cotrain.optim import build_optimizer
+        from cotrain.tasks import build_task
+
+        self.cfg, self.corpus, self.device, self.stride = cfg, corpus, torch.device(device), stride
+        self.task = build_task(cfg)
+        self.model = build_model(cfg, byte_counts).to(self.device)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        self.units = max(1, corpus.train.size // cfg.coordinator.unit_bytes)
+        self.unit, self.samples = first, 0
+        self._start_unit()
+
+    def _start_unit(self) -> None:
+        start = self.corpus.train.start + (self.unit % self.units) * self.cfg.coordinator.unit_bytes
+        end = min(self.corpus.train.end, start + self.cfg.coordinator.unit_bytes)
+        self.batches, self.state = self.task.train_data(self.corpus.read, start, end, 0), None
+
+    def step(self, lr: float) -> int:
+        """One local step at ``lr``; -> its samples."""
+        import torch
+
+        if self.batches.done:
+            self.unit += self.stride
+            self._start_unit()
+        batch, reset = self.batches.next()
+        if reset:
+            self.state = None
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss, state, samples = self.task.step(self.model, batch, self.state, self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optimizer.grad_clip)
+        self.optimizer.step()
+        self.state = self.model.detach_state(state)
+        self.samples += samples
+        return samples
+
+
 def bench_parser(doc: str) -> argparse.ArgumentParser:
     """A bench's argument parser: its docstring as the description, and ``--data`` (None: :func:`default_text`)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

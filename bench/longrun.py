@@ -38,16 +38,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Swarm, bench_parser, final_checkpoint, print_table, wait_for, work_folder, write_json  # noqa: E402
+from common import (Swarm, UnitLoop, bench_parser, final_checkpoint, print_table, wait_for, work_folder,  # noqa: E402
+                    write_json)
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.coordinator.store import read_evals  # noqa: E402
 from cotrain.data import Corpus  # noqa: E402
 from cotrain.evaluation import evaluate_model, evaluate_state  # noqa: E402
-from cotrain.models import build_model  # noqa: E402
-from cotrain.optim import build_optimizer  # noqa: E402
 from cotrain.optim.schedule import Schedule, lr_factor  # noqa: E402
-from cotrain.tasks import build_task  # noqa: E402
 
 ROWS = ("plain", "cotrain_1", "cotrain_3", "cotrain_hetero")
 
@@ -59,47 +57,10 @@ def run_config(args) -> RunConfig:
                                       coordinator={"checkpoint_interval_s": args.checkpoint_interval})
 
 
-class UnitLoop:
-    """The plain loop: one model trained through the coordinator's work units in order, as one node takes them."""
-
-    def __init__(self, cfg: RunConfig, corpus: Corpus, device: torch.device):
-        self.cfg, self.corpus, self.device = cfg, corpus, device
-        self.task = build_task(cfg)
-        self.model = build_model(cfg, corpus.byte_counts()).to(device)
-        self.optimizer = build_optimizer(self.model, cfg.optimizer)
-        self.schedule = Schedule.from_config(cfg)
-        self.units = max(1, corpus.train.size // cfg.coordinator.unit_bytes)
-        self.unit, self.samples, self.state = -1, 0, None
-        self._next_unit()
-
-    def _next_unit(self) -> None:
-        self.unit += 1
-        start = self.corpus.train.start + (self.unit % self.units) * self.cfg.coordinator.unit_bytes
-        end = min(self.corpus.train.end, start + self.cfg.coordinator.unit_bytes)
-        self.batches, self.state = self.task.train_data(self.corpus.read, start, end, 0), None
-
-    def step(self) -> None:
-        if self.batches.done:
-            self._next_unit()
-        batch, reset = self.batches.next()
-        if reset:
-            self.state = None
-        lr = self.cfg.optimizer.lr * lr_factor(self.schedule, self.samples)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        loss, state, samples = self.task.step(self.model, batch, self.state, self.device)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optimizer.grad_clip)
-        self.optimizer.step()
-        self.state = self.model.detach_state(state)
-        self.samples += samples
-
-
 def run_plain(cfg: RunConfig, args) -> dict:
     device = torch.device(args.device)
     corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)
-    loop = UnitLoop(cfg, corpus, device)
+    loop, schedule = UnitLoop(cfg, corpus, corpus.byte_counts(), device), Schedule.from_config(cfg)
     curve, started, next_eval = [], time.monotonic(), 0
 
     def evaluate():
@@ -111,7 +72,7 @@ def run_plain(cfg: RunConfig, args) -> dict:
         if loop.samples >= next_eval:
             evaluate()
             next_eval += args.eval_every
-        loop.step()
+        loop.step(cfg.optimizer.lr * lr_factor(schedule, loop.samples))
     evaluate()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -26,15 +26,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import bench_parser, print_table, write_json  # noqa: E402
+from common import UnitLoop, bench_parser, print_table, write_json  # noqa: E402
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.data import Corpus  # noqa: E402
 from cotrain.evaluation import evaluate_model  # noqa: E402
-from cotrain.models import build_model  # noqa: E402
-from cotrain.optim import build_optimizer  # noqa: E402
 from cotrain.optim.schedule import Schedule, lr_factor  # noqa: E402
-from cotrain.tasks import build_task  # noqa: E402
 
 #: name -> (outer lr, outer momentum, schedule overrides)
 VARIANTS = {
@@ -57,41 +54,6 @@ PLAIN = {"plain": (1.0, 0.0, {"kind": "constant"}),
          "plain_invsqrt": (1.0, 0.0, {"kind": "inverse_sqrt", "timescale_samples": 8000})}
 
 
-class Replica:
-    def __init__(self, cfg: RunConfig, corpus: Corpus, index: int, stride: int, byte_counts):
-        self.cfg, self.corpus, self.index, self.stride = cfg, corpus, index, stride
-        self.task = build_task(cfg)
-        self.model = build_model(cfg, byte_counts)
-        self.optimizer = build_optimizer(self.model, cfg.optimizer)
-        self.unit = index
-        self.units = max(1, corpus.train.size // cfg.coordinator.unit_bytes)
-        self._start_unit()
-
-    def _start_unit(self):
-        u = self.unit % self.units
-        start = self.corpus.train.start + u * self.cfg.coordinator.unit_bytes
-        end = min(self.corpus.train.end, start + self.cfg.coordinator.unit_bytes)
-        self.batches = self.task.train_data(self.corpus.read, start, end, 0)
-        self.state = None
-
-    def step(self, lr: float) -> int:
-        if self.batches.done:
-            self.unit += self.stride
-            self._start_unit()
-        batch, reset = self.batches.next()
-        if reset:
-            self.state = None
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        loss, state, samples = self.task.step(self.model, batch, self.state, torch.device("cpu"))
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optimizer.grad_clip)
-        self.optimizer.step()
-        self.state = self.model.detach_state(state)
-        return samples
-
-
 def run(name: str, args, corpus: Corpus, byte_counts) -> dict:
     alone = name.endswith("_alone")
     plain = name.startswith("plain") or alone
@@ -104,7 +66,7 @@ def run(name: str, args, corpus: Corpus, byte_counts) -> dict:
         steps = [steps[0]] if alone else [sum(steps)]
     samples_total = sum(steps) * args.rounds * cfg.data.batch_size
     schedule = Schedule(horizon_samples=samples_total, warmup_samples=args.warmup_samples, **sched)
-    reps = [Replica(cfg, corpus, i, replicas, byte_counts) for i in range(replicas)]
+    reps = [UnitLoop(cfg, corpus, byte_counts, first=i, stride=replicas) for i in range(replicas)]
     norms = []  # per round: each replica's pseudo-gradient norm, cos(fast, rest), the outer step's norm
     glob = [p.detach().clone() for p in reps[0].model.parameters()]
     outer = torch.optim.SGD(glob, lr=outer_lr, momentum=mu, nesterov=mu > 0)

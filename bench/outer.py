@@ -112,17 +112,14 @@ def run(name: str, args, corpus: Corpus, byte_counts) -> dict:
                 rest = sum(deltas[1:]) / max(1, len(deltas) - 1) if len(deltas) > 1 else deltas[0]
                 cos = float(torch.nn.functional.cosine_similarity(deltas[0], rest, dim=0))
                 norms.append([round(float(d.norm()), 4) for d in deltas] + [round(cos, 4), round(moved, 4)])
+                print(f"{name}: round {r}: pseudo-gradient norms {norms[-1][:-2]} (replica 0 first), "
+                      f"cos(replica 0, the others' mean) {cos:.3f}, outer step {moved:.3f}", flush=True)
                 for rep in reps:
                     for p, g in zip(rep.model.parameters(), glob):
                         p.copy_(g)
         if (r + 1) % args.eval_every == 0 or r + 1 == args.rounds:
             evaluate()
     bpcs = [b for _, b in curve[1:]]
-    if norms:
-        print(f"{name}: per round, the pseudo-gradients' norms (replica 0 first), cos(replica 0, the others' mean), "
-              f"the outer step's norm:")
-        for r, n in enumerate(norms):
-            print(f"  round {r}: {n}")
     return dict(name=name, outer_lr=outer_lr, outer_momentum=mu, schedule=sched["kind"], curve=curve,
                 best_val_bpc=min(bpcs), final_val_bpc=bpcs[-1], wall_s=round(time.monotonic() - started, 1),
                 rounds=norms)

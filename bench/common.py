@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import signal
 import subprocess
@@ -403,6 +404,9 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[obje
 
 def write_json(path: Optional[str], data: dict) -> None:
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(data, indent=1, sort_keys=True))
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(target.name + ".part")  # whole or not at all: a reader never sees half a file
+        part.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(part, target)
         print(f"\nfigures written to {path}")

@@ -14,6 +14,9 @@ the default schedule and averaging) to ``--samples`` samples in all:
 - ``cotrain_hetero``: three nodes, one at full speed and two made about 5x slower with ``--step-delay`` (4x the
   step time the three nodes of ``cotrain_3`` took, measured there, or ``--slow-delay``).
 
+Rows with another setting than the default, asked for by name only (``--rows ... cotrain_3_overlap``), each to
+weigh a default against its alternative over the same long run (see ``VARIANTS``).
+
 The swarms' curve is the coordinator's: it checkpoints the shared model every ``--checkpoint-interval`` seconds
 and evaluates each checkpoint on the first ``coordinator.eval_bytes`` of the validation split, as the dashboard
 shows it; the plain loop evaluates the same bytes every ``--eval-every`` samples. The last point of a swarm's curve
@@ -50,6 +53,18 @@ from cotrain.evaluation import evaluate_model, evaluate_state  # noqa: E402
 from cotrain.optim.schedule import Schedule, lr_factor  # noqa: E402
 
 ROWS = ("plain", "cotrain_1", "cotrain_3", "cotrain_hetero")
+
+#: rows that differ from cotrain_3 by one setting: name -> (run config overrides, why the row is there)
+VARIANTS = {
+    "cotrain_3_overlap": ({"averaging": {"overlap": True}},
+                          "averaging.overlap = true: the round behind the next H steps; off by default"),
+    "cotrain_3_h25": ({"averaging": {"inner_steps": 25}}, "averaging.inner_steps = 25: twice the rounds of H = 50"),
+    "cotrain_3_h100": ({"averaging": {"inner_steps": 100}}, "averaging.inner_steps = 100: half the rounds"),
+    "cotrain_3_outer_0.7_0.9": ({"averaging": {"outer_lr": 0.7, "outer_momentum": 0.9}},
+                                "the DiLoCo paper's outer Nesterov 0.7 / 0.9 (the default before 1.0 / 0.5)"),
+    "cotrain_3_before": ({"averaging": {"outer_lr": 0.7, "outer_momentum": 0.9}, "schedule": {"kind": "constant"}},
+                         "the defaults before the run-level schedule: outer 0.7 / 0.9 and a constant inner lr"),
+}
 
 
 def run_config(args) -> RunConfig:
@@ -149,7 +164,7 @@ def main() -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--json", default=None)
     parser.add_argument("--samples", type=int, default=150_000, help="samples a row trains, all nodes together")
-    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--rows", nargs="+", choices=[*ROWS, *VARIANTS], default=list(ROWS))
     parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
     parser.add_argument("--eval-every", type=int, default=8000, help="the plain loop's samples between evaluations")
     parser.add_argument("--checkpoint-interval", type=float, default=30.0,
@@ -173,7 +188,11 @@ def main() -> int:
     torch.set_flush_denormal(True)
     runs = []
     for name in args.rows:
-        if name == "plain":
+        if name in VARIANTS:
+            overrides, why = VARIANTS[name]
+            print(f"{name}: {why}", flush=True)
+            runs.append(dict(run_swarm(name, cfg.with_overrides(**overrides), args, [[], [], []]), setting=why))
+        elif name == "plain":
             runs.append(run_plain(cfg, args))
         elif name == "cotrain_1":
             runs.append(run_swarm(name, cfg, args, [[]]))
@@ -189,8 +208,11 @@ def main() -> int:
             print(f"cotrain_hetero: the two slow nodes wait {delay:.3f}s a step", flush=True)
             runs.append(run_swarm(name, cfg, args, [[], ["--step-delay", f"{delay:.4f}"],
                                                     ["--step-delay", f"{delay:.4f}"]]))
+        # after every row: an hour's run cut short keeps the rows it finished (--report prints them)
+        write_json(args.json, {"samples": args.samples, "runs": runs, "config": cfg.to_toml(),
+                               "complete": len(runs) == len(args.rows)})
     report(runs, args.samples, args.device)
-    write_json(args.json, {"samples": args.samples, "runs": runs, "config": cfg.to_toml()})
+    write_json(args.json, {"samples": args.samples, "runs": runs, "config": cfg.to_toml(), "complete": True})
     return 0
 
 
@@ -216,6 +238,8 @@ def report(runs: list, samples: int, device: str) -> None:
                   r["vs_plain"] or "-", r.get("vs_fast_node_alone") or "-"] for r in runs])
     for r in runs:
         print(f"\n{r['name']} curve (samples: BPC): " + ", ".join(f"{s}: {b:.3f}" for s, b in r["curve"]))
+        if r.get("setting"):
+            print(f"({r['name']}: {r['setting']})")
 
 
 if __name__ == "__main__":

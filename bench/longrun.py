@@ -62,6 +62,8 @@ VARIANTS = {
     "cotrain_3_h100": ({"averaging": {"inner_steps": 100}}, "averaging.inner_steps = 100: half the rounds"),
     "cotrain_3_outer_0.7_0.9": ({"averaging": {"outer_lr": 0.7, "outer_momentum": 0.9}},
                                 "the DiLoCo paper's outer Nesterov 0.7 / 0.9 (the default before 1.0 / 0.5)"),
+    "cotrain_3_outer_schedule": ({"schedule": {"outer": True}},
+                                 "schedule.outer = true: the outer lr follows the inner lr's schedule too"),
     "cotrain_3_before": ({"averaging": {"outer_lr": 0.7, "outer_momentum": 0.9}, "schedule": {"kind": "constant"}},
                          "the defaults before the run-level schedule: outer 0.7 / 0.9 and a constant inner lr"),
 }
@@ -174,19 +176,25 @@ def main() -> int:
                              "cotrain_3's nodes took, else 0.5)")
     parser.add_argument("--row-timeout", type=float, default=3600.0)
     parser.add_argument("--keep", action="store_true", help="keep each swarm's work folder (logs, state)")
-    parser.add_argument("--report", default=None, metavar="JSON",
-                        help="print the table of an earlier run's --json (its derived columns computed again)")
+    parser.add_argument("--report", nargs="+", default=None, metavar="JSON",
+                        help="print the table of earlier runs' --json, their rows together (the first plain row is "
+                             "every row's reference), and write them as one --json")
+    parser.add_argument("--markdown", default=None, metavar="FILE",
+                        help="also write the table and the curves as a Markdown page (docs/results/longrun.md)")
     args = parser.parse_args()
     if args.report:
         import json
 
-        earlier = json.loads(Path(args.report).read_text())
-        report(earlier["runs"], earlier["samples"], earlier["runs"][0]["device"])
-        write_json(args.json, earlier)
+        earlier = [json.loads(Path(path).read_text()) for path in args.report]
+        merged = dict(earlier[0], runs=[r for e in earlier for r in e["runs"]],
+                      meta=[e.get("meta", {}) for e in earlier])
+        report(merged["runs"], merged["samples"], merged["runs"][0]["device"])
+        write_json(args.json, merged)
+        write_markdown(args.markdown, merged)
         return 0
     cfg = run_config(args)
     torch.set_flush_denormal(True)
-    runs = []
+    runs, meta = [], run_meta(args.device)
     for name in args.rows:
         if name in VARIANTS:
             overrides, why = VARIANTS[name]
@@ -209,11 +217,32 @@ def main() -> int:
             runs.append(run_swarm(name, cfg, args, [[], ["--step-delay", f"{delay:.4f}"],
                                                     ["--step-delay", f"{delay:.4f}"]]))
         # after every row: an hour's run cut short keeps the rows it finished (--report prints them)
-        write_json(args.json, {"samples": args.samples, "runs": runs, "config": cfg.to_toml(),
+        write_json(args.json, {"samples": args.samples, "runs": runs, "config": cfg.to_toml(), "meta": meta,
                                "complete": len(runs) == len(args.rows)})
     report(runs, args.samples, args.device)
-    write_json(args.json, {"samples": args.samples, "runs": runs, "config": cfg.to_toml(), "complete": True})
+    results = {"samples": args.samples, "runs": runs, "config": cfg.to_toml(), "meta": meta, "complete": True}
+    write_json(args.json, results)
+    write_markdown(args.markdown, results)
     return 0
+
+
+def run_meta(device: str) -> dict:
+    """Where and when the figures come from: the command, the commit, the date and the machine."""
+    import os
+    import platform
+    import subprocess
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() else None
+    return {"command": "python bench/longrun.py " + " ".join(sys.argv[1:]), "commit": commit,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": f"{os.cpu_count()} CPUs ({cpu})" + (f", {gpu}" if gpu else ""), "torch": torch.__version__}
 
 
 def report(runs: list, samples: int, device: str) -> None:
@@ -230,16 +259,48 @@ def report(runs: list, samples: int, device: str) -> None:
             alone = at_samples(plain["curve"], fast)
             r["fast_node_samples"] = fast
             r["vs_fast_node_alone"] = round(r["final_val_bpc"] / alone, 4) if alone else None
-    print_table(f"long runs with the default config, {samples:,} samples a row, on {device}",
-                ["row", "samples", "wall s", "best BPC", "final BPC", "final / best", "the same, 3-point means",
-                 "vs plain", "vs its fast node alone"],
-                [[r["name"], r["samples"], r["wall_s"], r["best_val_bpc"], r["final_val_bpc"],
-                  round(r["final_val_bpc"] / r["best_val_bpc"], 4), r["smoothed_final_over_best"],
-                  r["vs_plain"] or "-", r.get("vs_fast_node_alone") or "-"] for r in runs])
+    print_table(f"long runs with the default config, {samples:,} samples a row, on {device}", COLUMNS,
+                table_rows(runs))
     for r in runs:
         print(f"\n{r['name']} curve (samples: BPC): " + ", ".join(f"{s}: {b:.3f}" for s, b in r["curve"]))
         if r.get("setting"):
             print(f"({r['name']}: {r['setting']})")
+
+
+COLUMNS = ["row", "samples", "wall s", "best BPC", "final BPC", "final / best", "the same, 3-point means",
+           "vs plain", "vs its fast node alone"]
+
+
+def table_rows(runs: list) -> list[list]:
+    return [[r["name"], r["samples"], r["wall_s"], r["best_val_bpc"], r["final_val_bpc"],
+             round(r["final_val_bpc"] / r["best_val_bpc"], 4), r["smoothed_final_over_best"],
+             r["vs_plain"] or "-", r.get("vs_fast_node_alone") or "-"] for r in runs]
+
+
+def write_markdown(path, results: dict) -> None:
+    """The results as a page: where they come from, the table, each row's setting and its curve."""
+    if not path:
+        return
+    metas = results.get("meta") or {}
+    metas = metas if isinstance(metas, list) else [metas]
+    runs = results["runs"]
+    lines = [f"# Long runs: `bench/longrun.py`, {results['samples']:,} samples a row", ""]
+    for m in metas:
+        if m:
+            lines.append(f"- `{m.get('command', '')}` at commit {m.get('commit') or '?'}, {m.get('date', '')}, "
+                         f"{m.get('machine', '')}, torch {m.get('torch', '')}")
+    lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in table_rows(runs)]
+    lines += ["", "The rows' settings: the run config's defaults, except where a row says otherwise.", ""]
+    for r in runs:
+        setting = f" ({r['setting']})" if r.get("setting") else ""
+        lines.append(f"- **{r['name']}**{setting}: " + ", ".join(f"{s:,}: {b:.3f}" for s, b in r["curve"]))
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + ".part")
+    part.write_text("\n".join(lines) + "\n")
+    part.replace(target)
+    print(f"page written to {path}")
 
 
 if __name__ == "__main__":

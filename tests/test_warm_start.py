@@ -90,7 +90,10 @@ def test_third_node_holds_the_donors_state_before_its_first_step(decaying, tmp_p
     assert peak * lr_factor(schedule, 2 * coordinator.cfg.data.batch_size) == peak  # its own steps' lr
     assert status["lr"] < 0.6 * peak, status
     assert status["lr"] >= peak * lr_factor(schedule, status["samples_total"]) - 1e-12, status
-    assert 0.6 < donor_status["lr"] / status["lr"] <= 1.0 + 1e-9, (status, donor_status)
+    assert donor_status["lr"] >= peak * lr_factor(schedule, donor_status["samples_total"]) - 1e-12, donor_status
+    # the veterans' lr is the same schedule at the same swarm: each status.json holds the lr of its node's last step,
+    # which may lag the other's by a round's samples either way, never by the joiner's own-steps peak
+    assert 0.6 < donor_status["lr"] / status["lr"] < 1 / 0.6, (status, donor_status)
     # the donors kept their own last state: the joiner's is a state of the same run that moved on from initial
     # weights as theirs did (a missing signal: nodes record no state hash per round, so the very round cannot be
     # compared)

@@ -64,6 +64,8 @@ VARIANTS = {
                                 "the DiLoCo paper's outer Nesterov 0.7 / 0.9 (the default before 1.0 / 0.5)"),
     "cotrain_3_outer_schedule": ({"schedule": {"outer": True}},
                                  "schedule.outer = true: the outer lr follows the inner lr's schedule too"),
+    "cotrain_3_clip_off": ({"optimizer": {"grad_clip": 1e6}},
+                           "optimizer.grad_clip = 1e6: no clipping in effect (the default clips at 1.0)"),
     "cotrain_3_before": ({"averaging": {"outer_lr": 0.7, "outer_momentum": 0.9}, "schedule": {"kind": "constant"}},
                          "the defaults before the run-level schedule: outer 0.7 / 0.9 and a constant inner lr"),
 }

@@ -55,6 +55,8 @@ class NodeOptions:
     attack: str = ""
     #: for benches and tests of stragglers: seconds of extra "compute" after every local step (a slower machine)
     step_delay: float = 0.0
+    #: for benches and tests: a JSON line per local step and per applied round (cotrain.node.step_record)
+    step_record: Optional[Path] = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ FLAGS = (
          choices=tuple(ATTACKS)),
     Flag("step_delay", float, "for benches and tests of stragglers: seconds added to every local step, as on a "
                               "slower machine", limits=(0, 60), hidden=True),
+    Flag("step_record", str, "for benches and tests: write a JSON line per local step (its lr) and per applied "
+                              "round (its state hash) to this file", metavar="FILE", convert=Path, hidden=True),
     Flag("max_cpus", int, "use at most this many CPUs", group="limits", limits=(0, float("inf"))),
     Flag("cpu_limit", float, "use at most this much CPU time, in CPUs (0.5: half of one core), the node's helper "
                              "processes included; enforced by a cgroup quota (needs root or a delegated cgroup)",

@@ -40,6 +40,7 @@ from cotrain.v1 import coordinator_pb2 as pb
 
 from cotrain.node.options import NodeOptions
 from cotrain.node.status_file import StatusFile
+from cotrain.node.step_record import StepRecord
 from cotrain.node.work import WorkQueue
 from cotrain.node.limits import (IdleMonitor, OtherProcessesLoad, format_cpu_list, lower_thread_priority, pin_cpus,
                                  read_cpu_max, release_freed_memory, torch_threads)
@@ -86,12 +87,13 @@ class Metrics:
         self.footprint = Footprint()  # the node's processes, as last measured
         self.heartbeat_ms = 0.0  # the previous heartbeat's round trip
         self.lr = math.nan  # the inner lr of the last step
+        self.lr_samples = 0.0  # where the last step stood on the run's schedule (the swarm's samples)
 
-    def update(self, loss: float, samples: int, compute_s: float, lr: float = math.nan) -> None:
+    def update(self, loss: float, samples: int, compute_s: float, lr: float = math.nan, at: float = 0.0) -> None:
         now = time.monotonic()
         with self.lock:
             self.step += 1
-            self.lr = lr
+            self.lr, self.lr_samples = lr, at
             self.compute_s += compute_s
             self.samples_total += samples
             if math.isfinite(loss):
@@ -338,6 +340,7 @@ class Node:
         status_round = -1  # the round of the last status.json
         status_file = StatusFile(self.options.state_dir / "status.json", self._status) if self.options.state_dir \
             else None
+        record = StepRecord(self.options.step_record) if self.options.step_record else None
         self.metrics.started = started
         status = TerminalStatus()
         idle = IdleMonitor(OtherProcessesLoad()) if self.options.only_when_idle else None
@@ -370,14 +373,14 @@ class Node:
             if self.stop.is_set():
                 break
             compute_started = time.monotonic()
-            # the run's schedule at the swarm's progress, not this node's steps: a node that joins late or runs
-            # fast takes the lr its groupmates take
-            factor = lr_factor(schedule, averaging.samples_total)
-            lr = opt_cfg.lr * factor
+            # the run's schedule at the swarm's progress, not this node's steps: every member of the round takes
+            # the same lr at the same local step, however fast it runs and whenever it joined (RoundClock)
+            at = averaging.clock.samples_at(averaging.steps_in_round)
+            lr = opt_cfg.lr * lr_factor(schedule, at)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            if cfg.schedule.outer:
-                averaging.set_outer_lr_factor(factor)
+            if record is not None:
+                record.step(averaging.round, averaging.steps_in_round, at, lr)
             loss, state, samples = task.step(model, batch, state, device)
             optimizer.zero_grad(set_to_none=True)
             value = loss.item()
@@ -392,8 +395,10 @@ class Node:
             if self.options.step_delay:  # a straggler for benches and tests: counted as compute, like a slow CPU
                 self.stop.wait(self.options.step_delay)
             unit_samples += samples
-            self.metrics.update(value, samples, time.monotonic() - compute_started, lr)
+            self.metrics.update(value, samples, time.monotonic() - compute_started, lr, at)
             averaging.after_local_step(samples)
+            if record is not None:
+                record.after_step(averaging)
             now = time.monotonic()
             if now - last_status >= 1.0:
                 last_status = now
@@ -422,6 +427,8 @@ class Node:
         status.stop()
         if status_file is not None:
             status_file.close()  # and the figures it leaves with
+        if record is not None:
+            record.close()
 
     def _next_unit(self) -> Optional[pb.WorkUnit]:
         """The next work unit, the node shown as paused on the progress board while it has to wait for one (every
@@ -480,7 +487,7 @@ class Node:
         with the figures: a bench divides them by the rounds between two snapshots."""
         own, tree = cpu_seconds(os.getpid())
         return dict(message_to_dict(self.node_metrics()), time=time.time(), pid=os.getpid(), cpu_s=own,
-                    cpu_tree_s=tree)
+                    cpu_tree_s=tree, lr_samples=self.metrics.lr_samples)
 
     def node_metrics(self) -> pb.NodeMetrics:
         m, a = self.metrics, self.averaging

@@ -8,7 +8,7 @@ import pytest
 
 from cotrain.config import ConfigError, RunConfig
 from cotrain.exit_codes import ExitCode
-from cotrain.optim.schedule import Schedule, lr_factor
+from cotrain.optim.schedule import RoundClock, Schedule, lr_factor
 
 
 def test_warmup_rises_linearly_from_a_hundredth_to_the_peak():
@@ -43,13 +43,29 @@ def test_inverse_sqrt_needs_no_horizon_and_never_goes_below_the_floor():
     assert lr_factor(s, 10**12) == pytest.approx(0.1)
 
 
-def test_the_lr_is_a_function_of_the_swarms_samples_not_of_who_asks():
-    """A node that joins at round 500 computes from the samples in the state it downloaded: the same lr as the
-    veterans at that round, however many steps it took itself (none)."""
-    cfg = RunConfig()
-    veteran = lr_factor(Schedule.from_config(cfg), 500 * 2 * 40 * 16)
-    joiner = lr_factor(Schedule.from_config(RunConfig.from_toml(cfg.to_toml())), 500 * 2 * 40 * 16)
-    assert veteran == joiner < 1.0
+@pytest.mark.parametrize("clock, step, samples", [
+    (RoundClock(base=0, last_round=0, inner_steps=10, first_step=16), 0, 0),  # a new run: a node's pace
+    (RoundClock(base=0, last_round=0, inner_steps=10, first_step=16), 5, 80),
+    (RoundClock(base=1000, last_round=480, inner_steps=10, first_step=16), 0, 1000),  # the round before's pace
+    (RoundClock(base=1000, last_round=480, inner_steps=10, first_step=16), 10, 1480),  # H steps: one such round on
+    (RoundClock(base=1000, last_round=480, inner_steps=10, first_step=16), 25, 2200),  # a fast node goes on along it
+    (RoundClock(base=1000, last_round=480, inner_steps=10, first_step=16), -3, 1000),
+])
+def test_a_rounds_clock_stands_at_its_base_plus_the_round_befores_pace(clock, step, samples):
+    assert clock.samples_at(step) == pytest.approx(samples)
+
+
+def test_the_lr_of_a_local_step_depends_on_what_the_round_agrees_on_not_on_who_asks():
+    """Two members of a round hold the same shared state (count and the round before's samples); they ran at
+    different speeds, joined at different times, trained different batches: step k takes the same lr on both."""
+    schedule = Schedule("inverse_sqrt", warmup_samples=100, timescale_samples=200)
+    veteran = RoundClock(base=5000, last_round=960, inner_steps=20, first_step=16)
+    joiner = RoundClock(base=5000, last_round=960, inner_steps=20, first_step=64)  # another batch: never read
+    lrs = [lr_factor(schedule, veteran.samples_at(k)) for k in range(40)]
+    assert lrs == [lr_factor(schedule, joiner.samples_at(k)) for k in range(40)]
+    assert lrs == sorted(lrs, reverse=True) and lrs[0] > lrs[-1]  # and it moves within the round
+    # a state from another round is another clock: the test could fail
+    assert lr_factor(schedule, RoundClock(6000, 960, 20).samples_at(0)) < lrs[0]
 
 
 def test_the_default_schedule_decays_without_a_horizon():
@@ -59,10 +75,9 @@ def test_the_default_schedule_decays_without_a_horizon():
     assert not s.problems()
 
 
-def test_the_floor_follows_min_lr_and_one_above_lr_is_the_peak():
+def test_the_floor_follows_min_lr():
     assert Schedule.from_config(RunConfig()).min_ratio == pytest.approx(0.1)
-    cfg = RunConfig.from_toml("[optimizer]\nlr = 1e-4\nmin_lr = 3e-4\n")
-    assert Schedule.from_config(cfg).min_ratio == 1.0
+    assert Schedule.from_config(RunConfig.from_toml("[optimizer]\nlr = 1e-3\nmin_lr = 1e-3\n")).min_ratio == 1.0
 
 
 @pytest.mark.parametrize("text, field", [
@@ -76,6 +91,12 @@ def test_the_floor_follows_min_lr_and_one_above_lr_is_the_peak():
     ("[schedule]\nkind = 'linear'\n", "schedule.kind"),
     ("[optimizer]\nlr = -0.001\n", "optimizer.lr"),
     ("[optimizer]\nmin_lr = -0.001\n", "optimizer.min_lr"),
+    ("[optimizer]\nlr = 1e-4\nmin_lr = 3e-4\n", "optimizer.min_lr"),
+    ("[schedule]\nkind = 'inverse_sqrt'\nwarmup_samples = 2048\ntimescale_samples = 1000\n",
+     "schedule.timescale_samples"),
+    ("[schedule]\nkind = 'inverse_sqrt'\nhorizon_samples = 100000\n", "schedule.horizon_samples"),
+    ("[schedule]\nkind = 'constant'\nhorizon_samples = 100000\n", "schedule.horizon_samples"),
+    ("[schedule]\nouter = true\n[averaging]\nstrategy = 'sync'\n", "schedule.outer"),
 ])
 def test_a_schedule_that_makes_no_sense_is_refused_naming_the_field(text, field):
     with pytest.raises(ConfigError) as err:

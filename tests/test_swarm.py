@@ -163,6 +163,40 @@ def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, cor
         assert all(s["groups_from_board"] == 0 and s["groups_matchmade"] >= 1 for s in statuses), statuses
 
 
+def test_every_node_of_a_round_takes_the_same_lr_at_each_step_and_the_same_outer_step(tmp_path, corpus_file,
+                                                                                      node_zygote):
+    """One clock for the swarm: a schedule that decays from the first samples, the outer step on it too, and a
+    straggler that takes fewer steps a round than the others. Each node records every step's lr and every round's
+    state hash (--step-record)."""
+    schedule = {"kind": "inverse_sqrt", "warmup_samples": 0, "timescale_samples": 64, "outer": True}
+    coordinator = RunningCoordinator(tmp_path, tiny_config(corpus_file, schedule=schedule), zygote=node_zygote)
+    records = [tmp_path / f"steps-{i}.jsonl" for i in range(3)]
+    extra = {i: ["--step-record", str(records[i]), *(["--step-delay", "0.1"] if i == 2 else [])] for i in range(3)}
+    try:
+        train_together(coordinator, tmp_path, 3, rounds=4, extra=extra)
+    finally:
+        coordinator.stop()
+    lines = [[json.loads(line) for line in path.read_text().splitlines()] for path in records]
+    steps = [{(x["round"], x["step"]): x["lr"] for x in node if "lr" in x} for node in lines]
+    # the straggler takes fewer steps a round (as few as one on a loaded machine): each step is compared on every
+    # node that took it
+    shared = {key for key in set().union(*steps) if sum(key in s for s in steps) >= 2}
+    assert len(shared) >= 12 and len(shared & set(steps[2])) >= 3, [sorted(s) for s in steps]
+    for key in sorted(shared):
+        lrs = [s[key] for s in steps if key in s]
+        assert max(lrs) - min(lrs) <= 1e-9, (key, lrs)
+    assert len({steps[0][key] for key in shared if key in steps[0]}) >= 5  # the lr moved: the comparison could fail
+    rounds = [{x["round"]: x for x in node if "state" in x} for node in lines]
+    reached = set.intersection(*(set(r) for r in rounds))
+    assert {2, 3, 4} <= reached, rounds
+    for r in sorted(reached):
+        assert len({node[r]["state"] for node in rounds}) == 1, (r, [node[r] for node in rounds])
+        assert len({node[r]["outer_lr"] for node in rounds}) == 1, (r, [node[r] for node in rounds])
+        assert len({node[r]["samples_total"] for node in rounds}) == 1, (r, [node[r] for node in rounds])
+    assert len({rounds[0][r]["outer_lr"] for r in reached}) >= 2  # the outer lr follows the schedule
+    assert all(node[max(node)]["resyncs"] == 0 for node in rounds), [node[max(node)] for node in rounds]
+
+
 @pytest.mark.parametrize("state_averaging,group_rounds", [(False, 1), (True, 1), (False, 4)],
                          ids=["states_by_majority", "states_averaged", "groups_kept"])
 def test_four_nodes_on_a_sharded_board_average_in_groups_of_their_shard(tmp_path, corpus_file, state_averaging,

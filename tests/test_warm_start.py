@@ -89,8 +89,11 @@ def test_third_node_holds_the_donors_state_before_its_first_step(decaying, tmp_p
     schedule, peak = Schedule.from_config(coordinator.cfg), coordinator.cfg.optimizer.lr
     assert peak * lr_factor(schedule, 2 * coordinator.cfg.data.batch_size) == peak  # its own steps' lr
     assert status["lr"] < 0.6 * peak, status
-    assert status["lr"] >= peak * lr_factor(schedule, status["samples_total"]) - 1e-12, status
-    assert donor_status["lr"] >= peak * lr_factor(schedule, donor_status["samples_total"]) - 1e-12, donor_status
+    # each step's lr is the schedule where the round's clock stood (lr_samples): from the swarm's count in the state
+    # it took, never below it (the clock starts at the count and moves at the round before's pace)
+    for s in (status, donor_status):
+        assert s["lr"] == pytest.approx(peak * lr_factor(schedule, s["lr_samples"]), rel=1e-9), s
+    assert status["lr_samples"] >= 3 * 10 * coordinator.cfg.data.batch_size, status  # three rounds the swarm made
     # the veterans' lr is the same schedule at the same swarm: each status.json holds the lr of its node's last step,
     # which may lag the other's by a round's samples either way, never by the joiner's own-steps peak
     assert 0.6 < donor_status["lr"] / status["lr"] < 1 / 0.6, (status, donor_status)

@@ -141,7 +141,7 @@ class OptimizerConfig(_Section):
     #: adamw 3e-3 to 1e-2; muon and root 1e-2 (their matrices' steps have AdamW's RMS at the same lr; 3e-3 is slow,
     #: 2e-2 overshoots); lamb 1e-2 (3e-3 is slow, 3e-2 unstable); lars and tvlars about 5 (with trust_coefficient 1e-3)
     lr: float = Field(3e-3, gt=0.0, le=10.0)
-    #: the schedule's floor (see [schedule]); one above lr is taken as lr
+    #: the schedule's floor (see [schedule]); at most lr
     min_lr: float = Field(3e-4, ge=0.0, le=10.0)
     #: decoupled weight decay (AdamW, Muon/ROOT, LAMB's matrices), or L2 added to the gradient (LARS/TVLARS matrices)
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
@@ -413,6 +413,9 @@ class RunConfig(_Section):
         from cotrain.optim.schedule import Schedule
 
         problems = Schedule.from_config(self).problems()
+        if self.schedule.outer and self.averaging.strategy != "diloco":
+            problems.append(f"schedule.outer: only DiLoCo takes an outer step, not strategy "
+                            f"{self.averaging.strategy!r}")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -1,5 +1,7 @@
 """The data plane: finding peers over hivemind's DHT, forming groups, and averaging with them."""
 
+import functools
+
 from cotrain.averaging.allreduce import AllReduceFailed, AllReduceResult, butterfly_allreduce, weighted_mean
 from cotrain.averaging.dht import load_record_key, start_dht, visible_maddrs
 from cotrain.averaging.diloco import DiLoCo
@@ -9,6 +11,7 @@ from cotrain.averaging.admission import Admission, AdmissionError, Verdict
 from cotrain.averaging.rounds import RoundAverager, RoundStats, make_averager
 from cotrain.averaging.state import STATE_KEY, download_state, pick_donors
 from cotrain.averaging.sync import SyncAveraging
+from cotrain.optim.schedule import Schedule, lr_factor
 
 __all__ = [
     "Admission", "AdmissionError", "Verdict",
@@ -28,6 +31,8 @@ def build_strategy(model, optimizer, dht, run_id: str, cfg, peer_id: str, admiss
     (:class:`Admission`); ``attack`` makes this peer byzantine (:data:`cotrain.averaging.attacks.ATTACKS`), for
     benches and tests of robust aggregation only."""
     cls = SyncAveraging if cfg.averaging.strategy == "sync" else DiLoCo
+    schedule = Schedule.from_config(cfg)
+    outer_lr_at = functools.partial(lr_factor, schedule) if cfg.schedule.outer else None
     return cls(model, optimizer, dht, run_id, cfg.averaging, cfg.compression, peer_id, cfg.optimizer.grad_clip,
                admission=admission, client_mode=client_mode, seed=cfg.run.seed, upload_bps=upload_bps, record_key=record_key,
-               attack=attack)
+               attack=attack, step_samples=cfg.data.batch_size, outer_lr_at=outer_lr_at)

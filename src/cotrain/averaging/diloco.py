@@ -76,6 +76,9 @@ class DiLoCo(RoundAverager):
     def set_outer_lr_factor(self, factor: float) -> None:
         self.outer.param_groups[0]["lr"] = self.cfg.outer_lr * factor
 
+    def outer_lr(self) -> float:
+        return float(self.outer.param_groups[0]["lr"])
+
     def outer_step_with(self, delta) -> list[torch.Tensor]:
         """Where the outer step would take the global parameters if the group's average were ``delta`` (the outer
         optimizer's state untouched): SGD with Nesterov momentum as torch computes it, or plain SGD."""

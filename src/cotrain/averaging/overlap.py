@@ -39,6 +39,7 @@ class PendingRound:
     contribution: list  # what the node sends, taken at the round's end
     early: bool  # a meeting at once after the H-th step: if it does not fill, train on with no pause
     seen: int  # peers at this round on the board, ourselves included
+    clock: Any = None  # the round's RoundClock: where its steps stood on the schedule
     held: Any = None  # what the strategy set aside (sync: its accumulated gradients; DiLoCo: its eager guess)
     future: Optional[Future] = field(default=None, repr=False)
 

@@ -26,7 +26,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from hivemind.averaging import DecentralizedAverager
@@ -52,6 +52,7 @@ from cotrain.averaging.state import STATE_KEY, Progress, StateHash, download_sta
 from cotrain.checkpoint import Checkpoint, encode_checkpoint, named_state, shared_tensors_of
 from cotrain.compression import NoCompression, PowerSGD, SparseLowBit, make_codec
 from cotrain.config import AveragingConfig, CompressionConfig
+from cotrain.optim.schedule import RoundClock
 from cotrain.outage import Outage, Repeats
 
 logger = logging.getLogger(__name__)
@@ -143,7 +144,8 @@ class RoundAverager(abc.ABC):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dht: DHT, run_id: str,
                  cfg: AveragingConfig, compression: CompressionConfig, peer_id: str, grad_clip: float,
                  client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0, record_key=None,
-                 attack: str = "", *, admission: Admission):
+                 attack: str = "", *, admission: Admission, step_samples: int = 0,
+                 outer_lr_at: Optional[Callable[[float], float]] = None):
         self.model, self.optimizer, self.dht, self.cfg, self.run_id = model, optimizer, dht, cfg, run_id
         #: nobody can dial this peer: it reduces no part of an all-reduce (its groupmates behind NAT could not
         #: fetch it)
@@ -175,7 +177,17 @@ class RoundAverager(abc.ABC):
         #: DHT time this peer came to its round (published as PeerProgress.since: a sharded board's groups are cut
         #: in the order the peers came)
         self.round_since = float(get_dht_time())
+        #: the swarm's samples as of the last round this peer applied (or the state it took): the shared state's
+        #: count, the same on every member of a group. A round's own samples join it when the round is applied
         self.samples_total = 0
+        #: the samples the last applied round added, all its members' together (the pace :class:`RoundClock` keeps)
+        self.round_samples = 0
+        #: the run's batch: a local step's samples before any round set the pace
+        self.step_samples = step_samples
+        #: schedule.outer: the outer step's lr factor at the swarm's samples, taken at the applied round's clock
+        self.outer_lr_at = outer_lr_at
+        #: where this round's local steps stand on the run's schedule (set when the round's steps begin)
+        self.clock = RoundClock(first_step=step_samples, inner_steps=cfg.inner_steps)
         self.steps_in_round = 0
         self.samples_in_round = 0
         self.mid_round = False
@@ -375,10 +387,20 @@ class RoundAverager(abc.ABC):
         """The hash of the shared state as it is now (waits for its computation when a change just started it)."""
         return self._state_hash.value()
 
+    @property
+    def state_hash(self) -> str:
+        """The hash of the shared state as it is now: the same on every member of a group after a round."""
+        return self._state_hash.value()
+
+    def outer_lr(self) -> Optional[float]:
+        """The lr of the outer step, for strategies that take one."""
+        return None
+
     def get_state(self) -> tuple[dict, list[torch.Tensor]]:
         with self._lock:
             metadata = dict(run_id=self.run_id, strategy=self.strategy, round=self.round,
-                            samples_total=self.samples_total, **self.shared_metadata())
+                            samples_total=self.samples_total, round_samples=self.round_samples,
+                            **self.shared_metadata())
             return metadata, [t.detach().cpu().clone() for t in self._all_shared()]
 
     def state_bytes(self) -> bytes:
@@ -412,6 +434,7 @@ class RoundAverager(abc.ABC):
             self.round = int(metadata["round"])
             self.round_since = float(get_dht_time())
             self.samples_total = int(metadata.get("samples_total", 0))
+            self.round_samples = int(metadata.get("round_samples", 0))
             self.load_shared_metadata(metadata)
         self.after_shared_change()
         self.discard_round()
@@ -470,6 +493,7 @@ class RoundAverager(abc.ABC):
 
     # ---- rounds --------------------------------------------------------------------------------------------------
     def _start_round(self, mid_round: bool) -> None:
+        self.clock = RoundClock(self.samples_total, self.round_samples, self.cfg.inner_steps, self.step_samples)
         self.steps_in_round = 0
         self.samples_in_round = 0
         self.mid_round = mid_round
@@ -479,7 +503,6 @@ class RoundAverager(abc.ABC):
         """Account one local step; end the round when the swarm is ready. Returns the decision unless TRAIN."""
         self.steps_in_round += 1
         self.samples_in_round += samples
-        self.samples_total += samples
         now = time.time()
         if self.steps_in_round >= self.cfg.inner_steps and self.reached_h_at is None:
             self.reached_h_at = now
@@ -688,7 +711,7 @@ class RoundAverager(abc.ABC):
         peers_here = [p for p in live_peers(board_now, self.progress(), self._peers, self.rules)
                       if p.round == self.round]
         if not live_peers(board_now, self.progress(), self._peers, self.rules) and self._kept_group() is None:
-            self._apply_and_advance(contribution, group_size=1)
+            self._apply_and_advance(contribution, group_size=1, clock=self.clock, added=self.samples_in_round)
             return
         self.phase = "average"
         if not early and announce:
@@ -702,7 +725,7 @@ class RoundAverager(abc.ABC):
             self._average_with_group(contribution, len(peers_here) + 1, early)
             return
         launch = PendingRound(self.round, self.steps_in_round, self.samples_in_round, self.reached_h_at,
-                              contribution, early, seen=len(peers_here) + 1)
+                              contribution, early, seen=len(peers_here) + 1, clock=self.clock)
         launch.held = self.hold_round(launch)
         self._start_round(mid_round=False)
         launch.future = self._worker.submit(self._run_round, launch)
@@ -711,7 +734,7 @@ class RoundAverager(abc.ABC):
     def _average_with_group(self, contribution: list[torch.Tensor], seen: int, early: bool = False) -> RoundResult:
         """One round with a group, here and now (no overlap), from ``contribution`` and this round's counters."""
         launch = PendingRound(self.round, self.steps_in_round, self.samples_in_round, self.reached_h_at,
-                              contribution, early, seen)
+                              contribution, early, seen, clock=self.clock)
         result = self._run_round(launch)
         self._finish_round(launch, result)
         return result
@@ -730,8 +753,11 @@ class RoundAverager(abc.ABC):
         self.phase = "train"
         self.stats.meet_s += result.meet_s
         self.stats.allreduce_s += result.allreduce_s
+        added = launch.samples + result.others_samples  # the group's samples: the same figure on every member
+        if result.kind is Kind.RESYNC:  # the state it downloads next brings its count; should that fail, this one
+            self.samples_total += added
+            self.round_samples = added
         if result.kind in (Kind.APPLY, Kind.RESYNC):
-            self.samples_total += result.others_samples
             if result.from_board and kept_group(self._kept, launch.round, self.cfg.group_rounds) is not None:
                 self.stats.groups_kept += 1
             # a member that downloads the group's new state after the round is as much of the group as the others
@@ -741,7 +767,7 @@ class RoundAverager(abc.ABC):
                 logger.warning("round %d: %s", launch.round, result.reason)
         if result.kind is Kind.APPLY:
             self._apply_and_advance(result.average, result.group_size, carried=launch if overlapped else None,
-                                    state=result.state)
+                                    state=result.state, clock=launch.clock, added=added)
             self.stats.last_group = sorted(result.group)
             self.stats.rounds_completed += 1
             self.stats.rounds_hosted += result.hosted
@@ -995,17 +1021,23 @@ class RoundAverager(abc.ABC):
                 logger.warning("round %d: dropped the contribution of peer %s: %s", self.round, peer[-8:], why)
                 self.stats.flagged[peer] = why
 
-    def _apply_and_advance(self, average: list[torch.Tensor], group_size: int,
+    def _apply_and_advance(self, average: list[torch.Tensor], group_size: int, *, clock: RoundClock, added: int,
                            carried: Optional[PendingRound] = None, state: Optional[list] = None) -> None:
-        """``carried``: with overlap, the round the average is of; the local steps taken since are kept (the round's
+        """Apply a round's average and count its ``added`` samples (the group's) into the swarm's. ``clock``: the
+        round's, whose start sets the outer step's lr under ``schedule.outer`` (one lr for the whole group).
+        ``carried``: with overlap, the round the average is of; the local steps taken since are kept (the round's
         counters already count them). ``state``: the group's average of its members' shared states, taken first."""
         self._state_hash.settle()
+        if self.outer_lr_at is not None:
+            self.set_outer_lr_factor(self.outer_lr_at(clock.base))
         with torch.no_grad(), self._lock:
             if state is not None:
                 for dst, src in zip(self._all_shared(), state):
                     dst.copy_(src.to(dst.device, dst.dtype))
                 self.stats.states_averaged += 1
             self.apply(average, carried)
+            self.samples_total += added
+            self.round_samples = added
             self.round += 1
             self.round_since = float(get_dht_time())
         # hashed while the node takes its next local step: the next round's meeting reads it

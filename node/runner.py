@@ -487,7 +487,8 @@ class Node:
         with the figures: a bench divides them by the rounds between two snapshots."""
         own, tree = cpu_seconds(os.getpid())
         return dict(message_to_dict(self.node_metrics()), time=time.time(), pid=os.getpid(), cpu_s=own,
-                    cpu_tree_s=tree, lr_samples=self.metrics.lr_samples)
+                    cpu_tree_s=tree, lr_samples=self.metrics.lr_samples, contributed=self.averaging.contributed,
+                    swarm_view=self.averaging.swarm_view())
 
     def node_metrics(self) -> pb.NodeMetrics:
         m, a = self.metrics, self.averaging

@@ -3,15 +3,17 @@ check what every node of a swarm applied (status.json keeps only the last step).
 
 A step's line: ``{"round", "step", "samples_at", "lr"}``: the round its steps belong to, the local step's index in
 it (0: the first), where it stood on the run's schedule and the inner lr it took. A round's line, written when the
-node has applied it: ``{"round", "state", "outer_lr", "samples_total", "resyncs"}``: the round it reached, the hash
-of its shared state, the outer step's lr it used (null for strategies without one), the swarm's samples it holds and
-how many times so far its state differed from its group's and it downloaded theirs.
+node has applied it: ``{"round", "state", "outer_lr", "samples_total", "contributed", "resyncs", "time"}``: the round
+it reached, the hash of its shared state, the outer step's lr it used (null for strategies without one), the swarm's
+samples it holds, its own samples in the rounds it applied, how many times so far its state differed from its
+group's and it downloaded theirs, and when (Unix time).
 Off by default: a line a step is a write a step.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -31,7 +33,8 @@ class StepRecord:
         if averaging.round != self._round:
             self._round = averaging.round
             self._write(dict(round=averaging.round, state=averaging.state_hash, outer_lr=averaging.outer_lr(),
-                             samples_total=averaging.samples_total, resyncs=averaging.stats.resyncs))
+                             samples_total=averaging.samples_total, contributed=averaging.contributed,
+                             resyncs=averaging.stats.resyncs, time=time.time()))
 
     def _write(self, line: dict) -> None:
         self._file.write(json.dumps(line) + "\n")

@@ -76,7 +76,7 @@ def test_progress_records_are_signed_and_validated(members):
     assert {p.peer_id: (p.round, p.since) for p in peers} == {alice: (7, 1234.5), bob: (7, 0.0)}
 
     forged = dict(round=999, steps=0, samples=0, phase="train", mid_round=False, time=float(get_dht_time()),
-                  reducer=True, since=0.0, cred=board_b.admission.credential())
+                  reducer=True, since=0.0, contributed=0, cred=board_b.admission.credential())
     expires = get_dht_time() + 60
     # bob writes under alice's subkey, even with alice's own credential: unsigned by alice's key, refused
     assert not b.store(board_a.key, subkey=board_a.subkey(alice), value=dict(forged, cred=board_a.admission.credential()),
@@ -91,8 +91,11 @@ def test_progress_records_are_signed_and_validated(members):
                        expiration_time=expires)
     assert not b.store(board_b.key, subkey=board_b.subkey(bob), value=dict(forged, since="soon"),
                        expiration_time=expires)
-    older = {k: v for k, v in forged.items() if k != "since"}  # a record of protocol version 1
-    assert not b.store(board_b.key, subkey=board_b.subkey(bob), value=older, expiration_time=expires)
+    assert not b.store(board_b.key, subkey=board_b.subkey(bob), value=dict(forged, contributed=-1),
+                       expiration_time=expires)
+    for missing in ("since", "contributed"):  # records of protocol versions 1 and 4
+        older = {k: v for k, v in forged.items() if k != missing}
+        assert not b.store(board_b.key, subkey=board_b.subkey(bob), value=older, expiration_time=expires)
     # bob's own record, right shape: accepted
     assert b.store(board_b.key, subkey=board_b.subkey(bob), value=dict(forged, round=8), expiration_time=expires)
 
@@ -126,7 +129,7 @@ def test_a_sharded_board_keeps_each_record_in_its_rounds_shard(members):
     # every shard's key is held to the schema and the members' check, not only the first
     key = board_b.keys[board_b.shard(together, bob)]
     forged = dict(round=1, steps=0, samples=0, phase="train", mid_round=False, time=float(get_dht_time()),
-                  reducer=True, since=0.0, cred=board_b.admission.credential())
+                  reducer=True, since=0.0, contributed=0, cred=board_b.admission.credential())
     expires = get_dht_time() + 60
     assert not b.store(key, subkey=board_b.subkey(bob), value=dict(forged, round=-1), expiration_time=expires)
     assert not b.store(key, subkey=board_b.subkey(bob), value=dict(forged, cred=b"not a credential"),

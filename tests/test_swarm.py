@@ -197,6 +197,50 @@ def test_every_node_of_a_round_takes_the_same_lr_at_each_step_and_the_same_outer
     assert all(node[max(node)]["resyncs"] == 0 for node in rounds), [node[max(node)] for node in rounds]
 
 
+def test_eight_nodes_in_groups_of_two_count_the_whole_swarms_samples(tmp_path, corpus_file, node_zygote):
+    """The schedule's clock advances with every group's samples, not the node's own group's (a quarter of the swarm
+    here): each node's count, at every round it applied in the second half of the run, against the swarm's true
+    total then (the sum of every node's own samples in the rounds it applied, from their records)."""
+    cfg = tiny_config(corpus_file, averaging={"group_formation": "board_only", "target_group_size": 2,
+                                              "inner_steps": 5})
+    coordinator = RunningCoordinator(tmp_path, cfg, zygote=node_zygote)
+    records = [tmp_path / f"steps-{i}.jsonl" for i in range(8)]
+    try:
+        train_together(coordinator, tmp_path, 8, rounds=20,
+                       extra={i: ["--step-record", str(records[i])] for i in range(8)})
+    finally:
+        coordinator.stop()
+    rounds = [[x for x in map(json.loads, path.read_text().splitlines()) if "state" in x] for path in records]
+    events = sorted((x["time"], i, x["contributed"]) for i, node in enumerate(rounds) for x in node)
+    contributed, truth = [0] * 8, []  # the true total after each node's round, in time order
+    for t, i, count in events:
+        contributed[i] = count
+        truth.append((t, sum(contributed)))
+    final = truth[-1][1]
+    assert final >= 8 * 10 * 5 * cfg.data.batch_size, truth[-1]  # the swarm made its rounds
+
+    def truth_at(when: float) -> int:
+        return max([v for t, v in truth if t <= when] or [0])
+
+    # the other groups' rounds reach a node through the board: published and read every progress_interval, and a
+    # steady group reads every other interval, so a node may not know of the last 2 s of the others' rounds yet
+    delay = 4 * cfg.averaging.progress_interval
+    # while all eight train: once the first leaves, the last ones train alone, for as long as they wait
+    end = min(node[-1]["time"] for node in rounds)
+    checked = 0
+    for node in rounds:
+        for x in node:
+            if truth_at(x["time"]) >= truth_at(end) / 2 and x["time"] <= end:
+                checked += 1
+                # never counted twice: a group's members record the round a step after they applied it, each
+                assert x["samples_total"] <= 1.05 * truth_at(x["time"] + delay), (x, truth_at(x["time"] + delay))
+                assert x["samples_total"] >= 0.95 * truth_at(x["time"] - delay), (x, truth_at(x["time"] - delay))
+    assert checked >= 8, checked
+    # at the end every node knows of (almost) every sample: not its own group's quarter of them
+    for node in rounds:
+        assert node[-1]["samples_total"] >= 0.75 * truth_at(node[-1]["time"] - delay), (node[-1], truth)
+
+
 @pytest.mark.parametrize("state_averaging,group_rounds", [(False, 1), (True, 1), (False, 4)],
                          ids=["states_by_majority", "states_averaged", "groups_kept"])
 def test_four_nodes_on_a_sharded_board_average_in_groups_of_their_shard(tmp_path, corpus_file, state_averaging,

@@ -12,8 +12,10 @@ import grpc
 #: host's result with its roster): a node of version 2 would neither send the one nor read the other.
 #: 4: a member joins its host's meeting with one request that carries its meeting and waits for the roster
 #: (``FetchRequest.deposit``); a node of version 3 would wait for the host to fetch its meeting, which no host does
-PROTOCOL_VERSION = 4
-SUPPORTED_PROTOCOL_VERSIONS = (4,)
+#: 5: progress records carry ``contributed`` (the peer's samples in the rounds it applied: the swarm's count over
+#: every group, cotrain.averaging.ledger), and the board refuses records without it
+PROTOCOL_VERSION = 5
+SUPPORTED_PROTOCOL_VERSIONS = (5,)
 
 #: a node's reachability, as the coordinator found it when it dialled the node's DHT address (RegisterPeer)
 PUBLIC, DIAL_OUT_ONLY = "public", "dial-out only"

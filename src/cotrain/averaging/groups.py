@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
+from cotrain.averaging.ledger import MAX_COUNT
+
 #: a meeting message is a few hundred bytes; anything larger is not one
 MAX_MEETING_BYTES = 4096
 
@@ -177,10 +179,15 @@ class Meeting:
     #: its how-many-th meeting of the round (from 0): a peer that meets again in a round (its earlier meeting did
     #: not fill) answers every meeting apart, so a groupmate that read an earlier one never reads a later answer
     attempt: int = 0
+    #: the swarm's samples as it knows them (its view), and its own in the rounds it applied (its contributed
+    #: count): the group agrees on the swarm's count from them (cotrain.averaging.ledger)
+    swarm: int = 0
+    contributed: int = 0
 
     def encode(self) -> bytes:
         return json.dumps({"round": self.round, "group": self.group, "samples": self.samples, "hash": self.hash,
-                           "reducer": self.reducer, "cred": self.cred.hex(), "attempt": self.attempt}).encode()
+                           "reducer": self.reducer, "cred": self.cred.hex(), "attempt": self.attempt,
+                           "swarm": self.swarm, "contributed": self.contributed}).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> "Meeting":
@@ -189,12 +196,18 @@ class Meeting:
             "round": int, "group": str, "samples": int, "hash": str, "reducer": bool, "cred": str, "attempt": int})
         if raw["round"] < 0 or raw["samples"] < 0 or raw["attempt"] < 0:
             raise ValueError("meeting: round, samples and attempt must be >= 0")
+        counts = {}
+        for name in ("swarm", "contributed"):
+            value = raw.get(name, 0)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
+                raise ValueError(f"meeting: {name} must be an integer in 0..2**53")
+            counts[name] = value
         try:
             cred = bytes.fromhex(raw["cred"])
         except ValueError:
             raise ValueError("meeting: cred must be hex") from None
         return cls(raw["round"], raw["group"][:64], raw["samples"], raw["hash"][:64], raw["reducer"], cred,
-                   min(raw["attempt"], 1 << 31))
+                   min(raw["attempt"], 1 << 31), **counts)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,10 @@ class RoundResult:
     donors: tuple = ()
     #: the all-reduce rode with the board's meeting (cotrain.averaging.allreduce.hosted)
     hosted: bool = False
+    #: APPLY, RESYNC: the swarm's count the group agreed on before this round (cotrain.averaging.ledger), and each
+    #: member's contributed count after it ((peer, count), ourselves included)
+    swarm: int = 0
+    contributed: tuple = ()
 
 
 def round_outcome(me: str, my_hash: str, info: Mapping[str, Mapping], complete: bool,

@@ -40,6 +40,8 @@ class PendingRound:
     early: bool  # a meeting at once after the H-th step: if it does not fill, train on with no pause
     seen: int  # peers at this round on the board, ourselves included
     clock: Any = None  # the round's RoundClock: where its steps stood on the schedule
+    swarm: int = 0  # the swarm's count as this peer knew it at the round's end (said at the meeting)
+    contributed: int = 0  # this peer's own samples in the rounds it applied before this one
     held: Any = None  # what the strategy set aside (sync: its accumulated gradients; DiLoCo: its eager guess)
     future: Optional[Future] = field(default=None, repr=False)
 

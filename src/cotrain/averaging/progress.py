@@ -59,6 +59,8 @@ class PeerProgress:
     #: DHT time it began this round (applied the last, or downloaded the state): on a sharded board the round's
     #: groups are cut in the order its peers came (cotrain.averaging.groups.plan_arrival_groups)
     since: float = 0.0
+    #: the samples of the rounds it applied so far, its own (the swarm's count: cotrain.averaging.ledger)
+    contributed: int = 0
 
     def to_record(self) -> dict:
         record = asdict(self)
@@ -71,7 +73,8 @@ class PeerProgress:
             return cls(peer_id=peer_id, round=int(record["round"]), steps=int(record["steps"]),
                        samples=int(record["samples"]), phase=str(record.get("phase", "train")),
                        mid_round=bool(record.get("mid_round", False)), time=float(record["time"]),
-                       reducer=bool(record.get("reducer", True)), since=float(record.get("since", 0.0)))
+                       reducer=bool(record.get("reducer", True)), since=float(record.get("since", 0.0)),
+                       contributed=max(0, int(record.get("contributed", 0))))
         except (KeyError, TypeError, ValueError):
             return None  # a malformed record from a buggy or hostile peer is ignored
 
@@ -200,6 +203,8 @@ class ProgressRecord(pydantic.BaseModel):
     reducer: pydantic.StrictBool
     #: required: hivemind's schema check refuses a record that parsing would add a default to
     since: pydantic.StrictFloat
+    #: required too: its samples in the rounds it applied (bounded again by every reader: averaging.ledger)
+    contributed: pydantic.conint(strict=True, ge=0, le=1 << 53)
     #: the publisher's SignedCredential
     cred: pydantic.conbytes(strict=True, max_length=MAX_CREDENTIAL_BYTES)
 

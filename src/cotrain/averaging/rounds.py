@@ -40,6 +40,7 @@ from cotrain.averaging.allgather import sparse_allgather
 from cotrain.averaging.allreduce import (AllReduceFailed, butterfly_allreduce, contribution_piece, encoded_bound,
                                         group_tag, hosted, hosted_average, hosted_reduce, weighted_mean)
 from cotrain.averaging.exchange import Exchange, UploadLimiter
+from cotrain.averaging.ledger import SPEEDUP_BOUND, Ledger, agreed_count, said_counts
 from cotrain.averaging.groups import (Meeting, group_of, hold_meeting, host_key, host_of, kept_group, meeting_key,
                                      meeting_piece_bound, plan_arrival_groups, plan_groups)
 from cotrain.averaging.outcome import (Kind, RoundResult, majority_holders, members_of, others_samples,
@@ -188,6 +189,11 @@ class RoundAverager(abc.ABC):
         self.outer_lr_at = outer_lr_at
         #: where this round's local steps stand on the run's schedule (set when the round's steps begin)
         self.clock = RoundClock(first_step=step_samples, inner_steps=cfg.inner_steps)
+        #: this peer's samples in the rounds it applied, and every peer's as last seen: the swarm's count over all
+        #: its groups (cotrain.averaging.ledger), bounded to SPEEDUP_BOUND times the run's pace a round
+        self.contributed = 0
+        self.ledger = Ledger(cfg.inner_steps * max(1, step_samples) * SPEEDUP_BOUND)
+        self._counts_cut: set[str] = set()  # peers whose claimed counts were cut (logged once each)
         self.steps_in_round = 0
         self.samples_in_round = 0
         self.mid_round = False
@@ -327,6 +333,8 @@ class RoundAverager(abc.ABC):
                     self._last_live = live
                     self._peers, self._peers_read_at, self._view_round = peers, read_at, view_round
                     self._board_read.set()
+                    self._observe_counts((p.peer_id, p.round, p.contributed) for p in peers
+                                         if p.peer_id != self.peer_id)
                 if self.admission.enabled and time.monotonic() - revocations_read >= REVOCATIONS_READ_S:
                     revocations_read = time.monotonic()
                     self.board.read_revocations()
@@ -357,7 +365,22 @@ class RoundAverager(abc.ABC):
 
     def progress(self, phase: str = "train") -> PeerProgress:
         return PeerProgress(self.peer_id, self.round, self.steps_in_round, self.samples_in_round, phase,
-                            self.mid_round, time.time(), reducer=not self.client_mode, since=self.round_since)
+                            self.mid_round, time.time(), reducer=not self.client_mode, since=self.round_since,
+                            contributed=self.contributed)
+
+    def swarm_view(self) -> int:
+        """The swarm's samples as this peer knows them: the shared state's count, or every peer's contributed count
+        it saw (groups smaller than the swarm: the other groups' rounds too), whichever is more."""
+        return max(self.samples_total, self.ledger.total())
+
+    def _observe_counts(self, claims) -> None:
+        """Take peers' contributed counts (``(peer, round, count)``) into the ledger; a claim beyond what the peer
+        could have done is cut, and logged once for that peer."""
+        for peer, round_number, count in claims:
+            cut = self.ledger.observe(peer, round_number, count)
+            if cut and peer not in self._counts_cut and len(self._counts_cut) < 4096:
+                self._counts_cut.add(peer)
+                logger.warning("peer %s %s: its count is cut to that", peer[-8:], cut)
 
     def wait_for_peers(self, count: int, timeout: float, stop: Optional[threading.Event] = None) -> int:
         """Wait until ``count`` peers (ourselves included) are on the board, its records judged when it was read (as
@@ -400,7 +423,7 @@ class RoundAverager(abc.ABC):
         with self._lock:
             metadata = dict(run_id=self.run_id, strategy=self.strategy, round=self.round,
                             samples_total=self.samples_total, round_samples=self.round_samples,
-                            **self.shared_metadata())
+                            ledger=self.ledger.to_metadata(), **self.shared_metadata())
             return metadata, [t.detach().cpu().clone() for t in self._all_shared()]
 
     def state_bytes(self) -> bytes:
@@ -435,6 +458,11 @@ class RoundAverager(abc.ABC):
             self.round_since = float(get_dht_time())
             self.samples_total = int(metadata.get("samples_total", 0))
             self.round_samples = int(metadata.get("round_samples", 0))
+            self.ledger.take(metadata.get("ledger"))
+            self.contributed = max(self.contributed, self.ledger.count_of(self.peer_id))  # a node back, same identity
+            # a state kept a while (its holder was waiting, or leaving) may count less than the swarm did since:
+            # the ledger, the donor's merged in, counts every peer once
+            self.samples_total = max(self.samples_total, self.ledger.total())
             self.load_shared_metadata(metadata)
         self.after_shared_change()
         self.discard_round()
@@ -711,7 +739,10 @@ class RoundAverager(abc.ABC):
         peers_here = [p for p in live_peers(board_now, self.progress(), self._peers, self.rules)
                       if p.round == self.round]
         if not live_peers(board_now, self.progress(), self._peers, self.rules) and self._kept_group() is None:
-            self._apply_and_advance(contribution, group_size=1, clock=self.clock, added=self.samples_in_round)
+            swarm = self.swarm_view()  # before our own samples join the ledger: they are the round's
+            self._count_own(self.samples_in_round)
+            self._apply_and_advance(contribution, group_size=1, clock=self.clock, swarm=swarm,
+                                    added=self.samples_in_round)
             return
         self.phase = "average"
         if not early and announce:
@@ -725,7 +756,8 @@ class RoundAverager(abc.ABC):
             self._average_with_group(contribution, len(peers_here) + 1, early)
             return
         launch = PendingRound(self.round, self.steps_in_round, self.samples_in_round, self.reached_h_at,
-                              contribution, early, seen=len(peers_here) + 1, clock=self.clock)
+                              contribution, early, seen=len(peers_here) + 1, clock=self.clock,
+                              swarm=self.swarm_view(), contributed=self.contributed)
         launch.held = self.hold_round(launch)
         self._start_round(mid_round=False)
         launch.future = self._worker.submit(self._run_round, launch)
@@ -734,7 +766,8 @@ class RoundAverager(abc.ABC):
     def _average_with_group(self, contribution: list[torch.Tensor], seen: int, early: bool = False) -> RoundResult:
         """One round with a group, here and now (no overlap), from ``contribution`` and this round's counters."""
         launch = PendingRound(self.round, self.steps_in_round, self.samples_in_round, self.reached_h_at,
-                              contribution, early, seen, clock=self.clock)
+                              contribution, early, seen, clock=self.clock, swarm=self.swarm_view(),
+                              contributed=self.contributed)
         result = self._run_round(launch)
         self._finish_round(launch, result)
         return result
@@ -754,8 +787,12 @@ class RoundAverager(abc.ABC):
         self.stats.meet_s += result.meet_s
         self.stats.allreduce_s += result.allreduce_s
         added = launch.samples + result.others_samples  # the group's samples: the same figure on every member
+        if result.kind in (Kind.APPLY, Kind.RESYNC):  # our samples are in the group's average either way
+            self._count_own(launch.samples)
+            self._observe_counts((peer, launch.round + 1, count) for peer, count in result.contributed
+                                 if peer != self.peer_id)
         if result.kind is Kind.RESYNC:  # the state it downloads next brings its count; should that fail, this one
-            self.samples_total += added
+            self.samples_total = result.swarm + added
             self.round_samples = added
         if result.kind in (Kind.APPLY, Kind.RESYNC):
             if result.from_board and kept_group(self._kept, launch.round, self.cfg.group_rounds) is not None:
@@ -767,7 +804,7 @@ class RoundAverager(abc.ABC):
                 logger.warning("round %d: %s", launch.round, result.reason)
         if result.kind is Kind.APPLY:
             self._apply_and_advance(result.average, result.group_size, carried=launch if overlapped else None,
-                                    state=result.state, clock=launch.clock, added=added)
+                                    state=result.state, clock=launch.clock, swarm=result.swarm, added=added)
             self.stats.last_group = sorted(result.group)
             self.stats.rounds_completed += 1
             self.stats.rounds_hosted += result.hosted
@@ -823,7 +860,8 @@ class RoundAverager(abc.ABC):
             return None, "no group of two on the board", False
         members, host = planned
         mine = Meeting(launch.round, host_key(launch.round, host), launch.samples, self._hash,
-                       not self.client_mode, self.admission.credential(), attempt=self._meetings_held - 1)
+                       not self.client_mode, self.admission.credential(), attempt=self._meetings_held - 1,
+                       swarm=launch.swarm, contributed=launch.contributed)
         others = [m for m in members if m != self.peer_id]
         try:
             peers = {m: peer_id_of(m) for m in others}
@@ -856,8 +894,8 @@ class RoundAverager(abc.ABC):
             self._news.info(outcome.reason, "round %d: the board's group did not meet (%s)", launch.round,
                             outcome.reason)
             return None, outcome.reason, outcome.disagreed
-        info = {peer: dict(round=m.round, samples=m.samples, hash=m.hash, reducer=m.reducer)
-                for peer, m in outcome.meetings.items()}
+        info = {peer: dict(round=m.round, samples=m.samples, hash=m.hash, reducer=m.reducer, swarm=m.swarm,
+                           contributed=m.contributed) for peer, m in outcome.meetings.items()}
         try:  # the host's roster may hold a peer our view had not shown (it went by the host's plan)
             group = sorted((peer_id_of(peer) for peer in outcome.meetings), key=str)
         except ValueError:
@@ -872,7 +910,8 @@ class RoundAverager(abc.ABC):
         try:
             gathered = self.averager.step(
                 weight=weight, gather=dict(round=launch.round, samples=launch.samples, hash=self._hash,
-                                           cred=self.admission.credential(), reducer=not self.client_mode),
+                                           cred=self.admission.credential(), reducer=not self.client_mode,
+                                           swarm=launch.swarm, contributed=launch.contributed),
                 timeout=self.cfg.matchmaking_time * 2 + self.cfg.request_timeout, allow_retries=False)
         except Exception as e:  # noqa: BLE001 - hivemind raises many kinds here; each costs only this round
             return None, f"matchmaking failed ({e!r})"
@@ -918,7 +957,8 @@ class RoundAverager(abc.ABC):
         tag = group_tag(f"r{launch.round}", [str(p) for p in group])
         me = next(p for p in group if str(p) == self.peer_id)
         reducers = [info.get(str(p), {}).get("reducer", True) is not False for p in group]
-        info.setdefault(self.peer_id, dict(hash=self._hash, samples=launch.samples))
+        info.setdefault(self.peer_id, dict(hash=self._hash, samples=launch.samples, swarm=launch.swarm,
+                                           contributed=launch.contributed))
         # every member sees the same hashes at the meeting, so all of them average the states, or none
         differ = len({str(v.get("hash")) for v in info.values()}) > 1
         state = None
@@ -936,10 +976,11 @@ class RoundAverager(abc.ABC):
         if state is not None and kind is Kind.RESYNC:  # the states were averaged: nothing to download
             kind, reason = Kind.APPLY, f"averaged with {len(group) - 1} peer(s), and our states"
         donors = tuple(p for p in majority_holders(info) if p != self.peer_id) if kind is Kind.RESYNC else ()
+        views, contributed = said_counts(info)
         return RoundResult(kind, reason, average, len(group), partial, others_samples(self.peer_id, info),
                            members_of(group, self.peer_id), from_board, meet_s=met - started,
                            allreduce_s=time.monotonic() - met, state=state, donors=donors,
-                           hosted=by_host)
+                           hosted=by_host, swarm=agreed_count(views), contributed=tuple(contributed.items()))
 
     def _average_states(self, tag: str, group, me, reducers: Sequence[bool]) -> list[torch.Tensor]:
         """averaging.state_averaging: the group's mean of its members' shared states, losslessly (each member
@@ -1021,10 +1062,16 @@ class RoundAverager(abc.ABC):
                 logger.warning("round %d: dropped the contribution of peer %s: %s", self.round, peer[-8:], why)
                 self.stats.flagged[peer] = why
 
-    def _apply_and_advance(self, average: list[torch.Tensor], group_size: int, *, clock: RoundClock, added: int,
-                           carried: Optional[PendingRound] = None, state: Optional[list] = None) -> None:
-        """Apply a round's average and count its ``added`` samples (the group's) into the swarm's. ``clock``: the
-        round's, whose start sets the outer step's lr under ``schedule.outer`` (one lr for the whole group).
+    def _count_own(self, samples: int) -> None:
+        self.contributed += samples
+        self.ledger.own(self.peer_id, self.round + 1, self.contributed)
+
+    def _apply_and_advance(self, average: list[torch.Tensor], group_size: int, *, clock: RoundClock, swarm: int,
+                           added: int, carried: Optional[PendingRound] = None,
+                           state: Optional[list] = None) -> None:
+        """Apply a round's average; the swarm's count becomes ``swarm`` (the group's agreed count before the round)
+        plus the round's ``added`` samples (the group's). ``clock``: the round's, whose start sets the outer step's
+        lr under ``schedule.outer`` (one lr for the whole group).
         ``carried``: with overlap, the round the average is of; the local steps taken since are kept (the round's
         counters already count them). ``state``: the group's average of its members' shared states, taken first."""
         self._state_hash.settle()
@@ -1036,7 +1083,7 @@ class RoundAverager(abc.ABC):
                     dst.copy_(src.to(dst.device, dst.dtype))
                 self.stats.states_averaged += 1
             self.apply(average, carried)
-            self.samples_total += added
+            self.samples_total = swarm + added
             self.round_samples = added
             self.round += 1
             self.round_since = float(get_dht_time())

@@ -278,12 +278,24 @@ def cosine_schedule(total_samples: int) -> dict:
     return {"kind": "cosine", "horizon_samples": total_samples, "warmup_samples": 0}
 
 
+#: how a UnitLoop reads the training split: "split", a user's plain loop (its streams over the whole split, the
+#: hidden state carried through); "spread", the coordinator's work units as a node reads them (each unit's streams
+#: spread over the split, cotrain.data.streams.stream_ranges); "contiguous", each unit's streams inside the unit
+#: (how nodes read before the units were spread)
+LAYOUTS = ("split", "spread", "contiguous")
+
+
 class UnitLoop:
     """A plain training loop through the coordinator's work units as a node takes them: unit ``first``, then every
-    ``stride``-th (the replicas of an in-process swarm), the hidden state carried within a unit; the run config's
-    model (its output bias from ``byte_counts``), optimizer and clip. The caller gives each step its lr."""
+    ``stride``-th (the replicas of an in-process swarm), the hidden state carried within a unit, each unit read as
+    ``layout`` says; the run config's model (its output bias from ``byte_counts``), optimizer and clip. The caller
+    gives each step its lr."""
 
-    def __init__(self, cfg: RunConfig, corpus, byte_counts, device="cpu", first: int = 0, stride: int = 1):
+    def __init__(self, cfg: RunConfig, corpus, byte_counts, device="cpu", first: int = 0, stride: int = 1,
+                 layout: str = "spread"):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout: one of {', '.join(LAYOUTS)}, got {layout!r}")
+        self.layout = layout
         import torch
 
         from cotrain.models import build_model
@@ -294,14 +306,19 @@ class UnitLoop:
         self.task = build_task(cfg)
         self.model = build_model(cfg, byte_counts).to(self.device)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
-        self.units = max(1, corpus.train.size // cfg.coordinator.unit_bytes)
+        self.units = 1 if layout == "split" else max(1, corpus.train.size // cfg.coordinator.unit_bytes)
         self.unit, self.samples = first, 0
         self._start_unit()
 
     def _start_unit(self) -> None:
-        start = self.corpus.train.start + (self.unit % self.units) * self.cfg.coordinator.unit_bytes
-        end = min(self.corpus.train.end, start + self.cfg.coordinator.unit_bytes)
-        self.batches, self.state = self.task.train_data(self.corpus.read, start, end, 0), None
+        train = self.corpus.train
+        if self.layout == "split":
+            start, end = train.start, train.end
+        else:
+            start = train.start + (self.unit % self.units) * self.cfg.coordinator.unit_bytes
+            end = min(train.end, start + self.cfg.coordinator.unit_bytes)
+        split = (train.start, train.end) if self.layout == "spread" else None
+        self.batches, self.state = self.task.train_data(self.corpus.read, start, end, 0, split=split), None
 
     def step(self, lr: float) -> int:
         """One local step at ``lr``; -> its samples."""

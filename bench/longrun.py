@@ -1,21 +1,26 @@
 """Does the shared model keep improving over a long run, with a user's defaults? A plain loop and three swarms, one
 after another, each to the same samples, with the validation curve of each.
 
-    python bench/longrun.py [--samples 150000] [--rows plain cotrain_1 cotrain_3 cotrain_hetero] [--device cpu]
-                            [--json FILE]
+    python bench/longrun.py [--samples 150000] [--rows plain_mixed plain_units cotrain_1 cotrain_3 cotrain_hetero]
+                            [--device cpu] [--json FILE] [--quick]
 
 Every row trains the demo's run (the default run config: the byte-level LSTM 2x256, the built-in corpus, AdamW,
 the default schedule and averaging) to ``--samples`` samples in all:
 
-- ``plain``: a plain PyTorch loop in this process: the same model, the same work units in the coordinator's order
-  (the hidden state carried within a unit), the same optimizer, clip and schedule (at its own samples), every core;
+- ``plain_mixed``: the loop a user writes, in this process: the same model, optimizer, clip and schedule (at its
+  own samples), every core, its streams over the whole training split (as char-rnn and nanoGPT read data), the
+  hidden state carried through. The reference of every "vs plain" figure;
+- ``plain_units``: the same loop through the coordinator's work units in order, each read as a node reads it (its
+  streams spread over the split, the hidden state reset at each unit);
 - ``cotrain_1``: one node, every core;
 - ``cotrain_3``: three nodes sharing this machine's cores;
 - ``cotrain_hetero``: three nodes, one at full speed and two made about 5x slower with ``--step-delay`` (4x the
   step time the three nodes of ``cotrain_3`` took, measured there, or ``--slow-delay``).
 
 Rows with another setting than the default, asked for by name only (``--rows ... cotrain_3_overlap``), each to
-weigh a default against its alternative over the same long run (see ``VARIANTS``).
+weigh a default against its alternative over the same long run (see ``VARIANTS``); ``plain_contiguous`` is
+``plain_units`` with each unit's streams inside the unit, as nodes read before. ``--quick``: the edit loop's preset,
+``plain_mixed`` and ``cotrain_3`` on 40,000 samples.
 
 The swarms' curve is the coordinator's: it checkpoints the shared model every ``--checkpoint-interval`` seconds
 and evaluates each checkpoint on the first ``coordinator.eval_bytes`` of the validation split, as the dashboard
@@ -52,7 +57,10 @@ from cotrain.data import Corpus  # noqa: E402
 from cotrain.evaluation import evaluate_model, evaluate_state  # noqa: E402
 from cotrain.optim.schedule import Schedule, lr_factor  # noqa: E402
 
-ROWS = ("plain", "cotrain_1", "cotrain_3", "cotrain_hetero")
+ROWS = ("plain_mixed", "plain_units", "cotrain_1", "cotrain_3", "cotrain_hetero")
+#: plain loops: name -> how it reads the split (bench/common.LAYOUTS)
+PLAIN = {"plain_mixed": "split", "plain_units": "spread", "plain_contiguous": "contiguous"}
+QUICK = dict(rows=["plain_mixed", "cotrain_3"], samples=40_000)
 
 #: rows that differ from cotrain_3 by one setting: name -> (run config overrides, why the row is there)
 VARIANTS = {
@@ -78,16 +86,17 @@ def run_config(args) -> RunConfig:
                                       coordinator={"checkpoint_interval_s": args.checkpoint_interval})
 
 
-def run_plain(cfg: RunConfig, args) -> dict:
+def run_plain(name: str, cfg: RunConfig, args) -> dict:
     device = torch.device(args.device)
     corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)
-    loop, schedule = UnitLoop(cfg, corpus, corpus.byte_counts(), device), Schedule.from_config(cfg)
+    loop = UnitLoop(cfg, corpus, corpus.byte_counts(), device, layout=PLAIN[name])
+    schedule = Schedule.from_config(cfg)
     curve, started, next_eval = [], time.monotonic(), 0
 
     def evaluate():
         bpc = evaluate_model(cfg, loop.model, corpus=corpus, max_bytes=cfg.coordinator.eval_bytes)["val_bpc"]
         curve.append([loop.samples, round(bpc, 4)])
-        print(f"plain: {loop.samples} samples  val {bpc:.4f} BPC  {time.monotonic() - started:.0f}s", flush=True)
+        print(f"{name}: {loop.samples} samples  val {bpc:.4f} BPC  {time.monotonic() - started:.0f}s", flush=True)
 
     while loop.samples < args.samples:
         if loop.samples >= next_eval:
@@ -97,7 +106,7 @@ def run_plain(cfg: RunConfig, args) -> dict:
     evaluate()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return row("plain", args.device, curve, time.monotonic() - started, [])
+    return row(name, args.device, curve, time.monotonic() - started, [])
 
 
 def run_swarm(name: str, cfg: RunConfig, args, node_flags: list[list[str]]) -> dict:
@@ -168,7 +177,9 @@ def main() -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--json", default=None)
     parser.add_argument("--samples", type=int, default=150_000, help="samples a row trains, all nodes together")
-    parser.add_argument("--rows", nargs="+", choices=[*ROWS, *VARIANTS], default=list(ROWS))
+    parser.add_argument("--rows", nargs="+", choices=[*ROWS, *VARIANTS, "plain_contiguous"], default=list(ROWS))
+    parser.add_argument("--quick", action="store_true",
+                        help=f"the edit loop: rows {' '.join(QUICK['rows'])} on {QUICK['samples']:,} samples")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
     parser.add_argument("--eval-every", type=int, default=8000, help="the plain loop's samples between evaluations")
     parser.add_argument("--checkpoint-interval", type=float, default=30.0,
@@ -179,11 +190,13 @@ def main() -> int:
     parser.add_argument("--row-timeout", type=float, default=3600.0)
     parser.add_argument("--keep", action="store_true", help="keep each swarm's work folder (logs, state)")
     parser.add_argument("--report", nargs="+", default=None, metavar="JSON",
-                        help="print the table of earlier runs' --json, their rows together (the first plain row is "
-                             "every row's reference), and write them as one --json")
+                        help="print the table of earlier runs' --json, their rows together (plain_mixed is every "
+                             "row's reference), and write them as one --json")
     parser.add_argument("--markdown", default=None, metavar="FILE",
                         help="also write the table and the curves as a Markdown page (docs/results/longrun.md)")
     args = parser.parse_args()
+    if args.quick:
+        args.rows, args.samples = list(QUICK["rows"]), QUICK["samples"]
     if args.report:
         import json
 
@@ -202,8 +215,8 @@ def main() -> int:
             overrides, why = VARIANTS[name]
             print(f"{name}: {why}", flush=True)
             runs.append(dict(run_swarm(name, cfg.with_overrides(**overrides), args, [[], [], []]), setting=why))
-        elif name == "plain":
-            runs.append(run_plain(cfg, args))
+        elif name in PLAIN:
+            runs.append(run_plain(name, cfg, args))
         elif name == "cotrain_1":
             runs.append(run_swarm(name, cfg, args, [[]]))
         elif name == "cotrain_3":
@@ -249,7 +262,7 @@ def run_meta(device: str) -> dict:
 
 def report(runs: list, samples: int, device: str) -> None:
     """Fill in each row's comparisons (in place) and print the table and the curves."""
-    plain = next((r for r in runs if r["name"] == "plain"), None)
+    plain = next((r for r in runs if r["name"] == "plain_mixed"), None)
     for r in runs:
         r["smoothed_final_over_best"] = smoothed([b for s, b in r["curve"] if s > 0])
         ref = at_samples(plain["curve"], r["samples"]) if plain else None

@@ -226,7 +226,7 @@ class Node:
                 found = self.averaging.wait_for_peers(opts.wait_peers, opts.wait_peers_timeout, self.stop)
                 logger.info("%d of %d peers present; starting", found, opts.wait_peers)
             self._warm_start(response.run.run_id)
-            self._train(task, model, optimizer, cfg, device)
+            self._train(task, model, optimizer, cfg, device, response.run.train_bytes)
         finally:
             self.stop.set()
             if heartbeat.is_alive():
@@ -305,7 +305,8 @@ class Node:
         else:
             logger.info("no peer and no checkpoint has state yet: starting from the run's initial weights")
 
-    def _train(self, task, model, optimizer, cfg: RunConfig, device) -> None:
+    def _train(self, task, model, optimizer, cfg: RunConfig, device, train_bytes: int) -> None:
+        """Train on the coordinator's work units until told to stop; ``train_bytes``: the training split's size."""
         opt_cfg = cfg.optimizer
         schedule = Schedule.from_config(cfg)
         averaging = self.averaging
@@ -313,20 +314,26 @@ class Node:
 
         cache: dict = {}
 
+        split = (0, int(train_bytes))
+
         def unit_data(unit: pb.WorkUnit, patience: float = 600.0):
-            """The unit's training data: its bytes, fetched once and kept while it is the node's unit (a unit is
-            small: coordinator.unit_bytes), so that training it again while the coordinator is away needs nothing
-            from the coordinator. World models collect their own data: no read. Raises CoordinatorUnavailable when
-            the coordinator does not answer within ``patience`` seconds (the unit kept before stays)."""
+            """The unit's training data: the bytes of its streams (spread over the training split), fetched once and
+            kept while it is the node's unit (a unit is small: coordinator.unit_bytes), so that training it again
+            while the coordinator is away needs nothing from the coordinator. World models collect their own data:
+            no read. Raises CoordinatorUnavailable when the coordinator does not answer within ``patience`` seconds
+            (the unit kept before stays)."""
             if task.needs_corpus and cache.get("key") != (unit.start, unit.end):
-                data = self.client.read("train", unit.start, unit.end - unit.start, stop=self.stop,
-                                        give_up_after=patience)
-                cache.update(key=(unit.start, unit.end), data=data)
+                pieces = [(s, self.client.read("train", s, e - s, stop=self.stop, give_up_after=patience))
+                          for s, e in task.unit_ranges(unit.start, unit.end, split)]
+                cache.update(key=(unit.start, unit.end), pieces=pieces)
 
             def read(offset: int, length: int) -> bytes:
-                return cache["data"][offset - unit.start: offset - unit.start + length]
+                for start, data in cache["pieces"]:  # the batches never read across two streams
+                    if start <= offset < start + len(data):
+                        return data[offset - start: offset - start + length]
+                return b""
 
-            return task.train_data(read, unit.start, unit.end, unit.seed)
+            return task.train_data(read, unit.start, unit.end, unit.seed, split=split)
 
         unit = self._next_unit()
         if unit is None:

@@ -59,3 +59,41 @@ def test_byte_counts_cover_the_training_split_or_an_even_sample(tmp_path):
     sample = corpus.byte_counts(sample_bytes=4096, chunk_bytes=1024)
     assert sum(sample) == 4096 and sample[ord("z")] > 0  # the last chunk ends at the split's end
     assert sample == corpus.byte_counts(sample_bytes=4096, chunk_bytes=1024)
+
+
+def test_a_units_streams_are_the_same_slice_of_every_band_of_the_split():
+    from cotrain.data.streams import stream_ranges
+
+    split, streams = (100, 100 + 16_000), 4
+    units = [(100 + i * 1000, 100 + (i + 1) * 1000) for i in range(16)]
+    ranges = [stream_ranges(a, b, streams, split) for a, b in units]
+    band = 16_000 // streams
+    for r in ranges:  # one stream in every band, all of a unit's streams as long as each other
+        assert [(s - 100) // band for s, _ in r] == list(range(streams))
+        assert len({e - s for s, e in r}) == 1 and r[0][1] - r[0][0] == 1000 // streams
+    # an epoch of the units reads every byte of the split once
+    covered = sorted(x for r in ranges for s, e in r for x in range(s, e))
+    assert covered == list(range(100, 100 + 16_000))
+
+
+def test_a_unit_that_is_the_split_is_the_plain_loops_contiguous_streams():
+    from cotrain.data.streams import stream_ranges
+
+    assert stream_ranges(0, 1003, 4) == [(0, 250), (250, 500), (500, 750), (750, 1000)]
+    assert stream_ranges(0, 1003, 4, split=(0, 1003)) == stream_ranges(0, 1003, 4)
+    with pytest.raises(ValueError, match="does not lie in the split"):
+        stream_ranges(500, 2000, 4, split=(0, 1003))
+
+
+def test_batches_of_a_spread_unit_read_only_its_streams():
+    data = bytes(range(256)) * 64  # 16 KiB
+    reads = []
+
+    def read(offset, length):
+        reads.append((offset, length))
+        return data[offset:offset + length]
+
+    batches = StreamBatches(read, 4096, 8192, batch_size=4, seq_len=16, chunk_bytes=64, split=(0, len(data)))
+    x, y, _ = batches.next_batch()
+    assert [int(row[0]) for row in x] == [data[s] for s in (1024, 5120, 9216, 13312)]
+    assert all(any(s <= o and o + n <= s + 1024 for s in (1024, 5120, 9216, 13312)) for o, n in reads)

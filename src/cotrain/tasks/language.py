@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from cotrain.config import RunConfig
 from cotrain.data import Corpus, StreamBatches
-from cotrain.data.streams import ReadFn
+from cotrain.data.streams import ReadFn, stream_ranges
 from cotrain.models import build_model
 
 #: parallel streams of the held-out evaluation, whatever the run trains with: every evaluation of one model, by
@@ -20,12 +20,13 @@ EVAL_BATCH_SIZE = 8
 
 
 class LanguageTrainData:
-    """Batches over a byte range (a work unit): ``batch_size`` parallel streams, the hidden state carried from one
-    batch to the next. ``done`` once every stream was read through (the unit was trained on once); reading on wraps
-    around."""
+    """Batches over a work unit ``[start, end)`` of ``split``: ``batch_size`` parallel streams spread over the split
+    (:func:`cotrain.data.streams.stream_ranges`), the hidden state carried from one batch to the next. ``done`` once
+    every stream was read through (the unit was trained on once); reading on wraps around."""
 
-    def __init__(self, read: ReadFn, start: int, end: int, batch_size: int, seq_len: int):
-        self.batches = StreamBatches(read, start, end, batch_size, seq_len)
+    def __init__(self, read: ReadFn, start: int, end: int, batch_size: int, seq_len: int,
+                 split: Optional[tuple[int, int]] = None):
+        self.batches = StreamBatches(read, start, end, batch_size, seq_len, split=split)
 
     @property
     def done(self) -> bool:
@@ -48,8 +49,14 @@ class LanguageTask:
         """The run's model; ``byte_counts`` of the training text (from the coordinator) set its initial output bias."""
         return build_model(self.cfg, byte_counts)
 
-    def train_data(self, read: ReadFn, start: int, end: int, seed: int) -> LanguageTrainData:
-        return LanguageTrainData(read, start, end, self.cfg.data.batch_size, self.cfg.data.seq_len)
+    def train_data(self, read: ReadFn, start: int, end: int, seed: int,
+                   split: Optional[tuple[int, int]] = None) -> LanguageTrainData:
+        """The unit ``[start, end)`` of the training ``split`` (default: the unit is the split)."""
+        return LanguageTrainData(read, start, end, self.cfg.data.batch_size, self.cfg.data.seq_len, split)
+
+    def unit_ranges(self, start: int, end: int, split: tuple[int, int]) -> list[tuple[int, int]]:
+        """The byte ranges :meth:`train_data` reads of the unit: what a node fetches from the coordinator."""
+        return stream_ranges(start, end, self.cfg.data.batch_size, split)
 
     def step(self, model, batch, state, device) -> tuple[torch.Tensor, object, int]:
         """-> (loss, carried state, samples)"""

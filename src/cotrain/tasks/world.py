@@ -70,8 +70,9 @@ class WorldModelTask:
     def build_model(self, byte_counts=None):
         return build_model(self.cfg)  # byte counts are for language models
 
-    def train_data(self, read, start: int, end: int, seed: int) -> RolloutTrainData:
-        """``seed``: the work unit's (held-out rollouts use seeds from EVAL_SEED_OFFSET on)."""
+    def train_data(self, read, start: int, end: int, seed: int, split=None) -> RolloutTrainData:
+        """``seed``: the work unit's (held-out rollouts use seeds from EVAL_SEED_OFFSET on); a unit is a quota of
+        rollouts: no bytes, no ``split``."""
         return RolloutTrainData(self.cfg, seed=seed % (EVAL_SEED_OFFSET // 2))  # never a held-out seed
 
     def step(self, model, batch, state, device) -> tuple[torch.Tensor, object, int]:

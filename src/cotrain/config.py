@@ -123,7 +123,12 @@ class ScheduleConfig(_Section):
     warmup_samples: int = Field(2048, ge=0)
     #: wsd with a horizon: the part of it spent cooling down
     cooldown_fraction: float = Field(0.2, gt=0.0, le=1.0)
-    #: inverse_sqrt: where the decay starts (0: warmup_samples)
+    #: inverse_sqrt: where the decay starts (0: warmup_samples). In samples, not steps, and not scaled with the batch
+    #: or the swarm on purpose: the schedule's clock is the swarm's samples, so 3 nodes of batch 16 and one node of
+    #: batch 48 reach it after the same data, and a larger swarm reaches it sooner in wall time, as a larger batch
+    #: would. What it should be depends on the model and the data (how many samples until the peak lr's noise
+    #: dominates), which no swarm setting tells. The value has no long-run evidence behind it yet: bench/longrun.py
+    #: at 150,000 samples (the demo's model and corpus) has not compared timescales (see docs/results/)
     timescale_samples: int = Field(16384, ge=0)
     #: the outer step's lr (DiLoCo's outer_lr) follows the schedule too
     outer: bool = False

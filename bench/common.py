@@ -34,7 +34,8 @@ from cotrain.checkpoint import load_checkpoint
 from cotrain.config import RunConfig
 from cotrain.evaluation import evaluate_state  # noqa: F401 - the benches' evaluation, re-exported
 from cotrain.coordinator.store import Store
-from cotrain.cli.launch import Proc, cpu_shares, start_coordinator, start_node, wait_for
+from cotrain.cli.launch import (Proc, cpu_shares, start_coordinator, start_node, stop_all,  # noqa: F401 - re-exported
+                                uninterrupted, wait_for)
 from cotrain.cli.zygote import Zygote
 from cotrain.client import CoordinatorClient
 
@@ -95,13 +96,6 @@ def interruptible() -> Iterator[None]:
 
 
 @contextmanager
-def uninterrupted() -> Iterator[None]:
-    """Ignore Ctrl-C, SIGTERM and SIGHUP inside the block: a clean-up that must run to its end."""
-    with _stop_signals_to(signal.SIG_IGN):
-        yield
-
-
-@contextmanager
 def work_folder(prefix: str = "cotrain-bench-", keep: bool = False, path: Optional[Path] = None) -> Iterator[Path]:
     """A work folder (``path``, or a new one in the temporary directory) that is removed when the block ends, unless
     ``keep`` or the block failed with an error: then its logs are kept, and where they are is printed."""
@@ -118,21 +112,6 @@ def work_folder(prefix: str = "cotrain-bench-", keep: bool = False, path: Option
             print(f"work folder kept: {folder}", file=sys.stderr if failed else sys.stdout, flush=True)
         else:
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def stop_all(procs: Sequence, timeout: float = 30.0) -> list[Optional[int]]:
-    """Stop processes together (:class:`cotrain.cli.launch.Proc`, or anything with ``popen``, ``signal`` and
-    ``stop``): one SIGTERM to every one first, so they leave at once, then wait for each, ``timeout`` seconds in all,
-    and kill its process group (which also ends what an exited process left behind). Returns their exit codes."""
-    for p in procs:
-        p.signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            p.popen.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    return [p.stop(0.1) for p in procs]  # a second SIGTERM only to one still running after the timeout
 
 
 @contextmanager

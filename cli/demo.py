@@ -20,7 +20,7 @@ from cotrain.checkpoint import load_checkpoint
 from cotrain.config import RunConfig
 from cotrain.data import Corpus
 from cotrain.evaluation import evaluate_model, evaluate_state, model_from_state
-from cotrain.cli.launch import LaunchError, cpu_shares, start_coordinator, start_node, wait_for
+from cotrain.cli.launch import LaunchError, cpu_shares, start_coordinator, start_node, stop_all, wait_for
 from cotrain.cli.zygote import Zygote, ZygoteError
 from cotrain.models import generate
 
@@ -39,20 +39,24 @@ def run_demo(args) -> int:
     from cotrain.client import CoordinatorClient
     from cotrain.status import health_table
 
+    from cotrain.sizing import check_fleet
+
     console = Console()
     if args.nodes < 1:
         raise SystemExit("--nodes: must be >= 1")
     if args.duration <= 0:
         raise SystemExit("--duration: must be > 0")
-    workdir = args.workdir or Path("cotrain-demo") / time.strftime("%Y%m%d-%H%M%S")
-    workdir = workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
     if args.config:
         cfg = RunConfig.load(args.config)
     else:
         source = args.data if args.data == "builtin" else str(Path(args.data).expanduser().resolve())
         cfg = RunConfig().with_overrides(data={"source": source}, **DEMO_CONFIG)
+    # nodes forked from one zygote share torch's pages, so this estimate (a node as its own process) is on the safe side
+    check_fleet("--nodes", args.nodes, cfg, args.force)
     corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)  # fail early, clearly
+    workdir = args.workdir or Path("cotrain-demo") / time.strftime("%Y%m%d-%H%M%S")
+    workdir = workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "run.toml"
     config_path.write_text(cfg.to_toml())
 
@@ -63,12 +67,11 @@ def run_demo(args) -> int:
     console.print(f"[bold]cotrain demo[/bold]: {args.nodes} nodes, {args.duration:.0f}s of training, "
                   f"corpus {cfg.data.source} ({corpus.size:,} bytes), work dir {workdir}")
     started = time.monotonic()
-    coordinator, address = start_coordinator(state_dir, config_path, extra=["--http-port", "0"])
-    dashboard = json.loads((state_dir / "coordinator.json").read_text()).get("http")
-    nodes = []
-    zygote = None
-    client = CoordinatorClient(address, insecure=True, rpc_timeout=5.0)
+    coordinator, nodes, zygote, client = None, [], None, None
     try:
+        coordinator, address = start_coordinator(state_dir, config_path, extra=["--http-port", "0"])
+        dashboard = json.loads((state_dir / "coordinator.json").read_text()).get("http")
+        client = CoordinatorClient(address, insecure=True, rpc_timeout=5.0)
         if args.nodes > 1 and hasattr(os, "fork"):
             # the nodes fork from one process that loaded torch and hivemind, and share that copy (~190 MB a node)
             try:
@@ -106,16 +109,18 @@ def run_demo(args) -> int:
             wait_for(checkpointed, timeout=120, interval=1.0, what="the final checkpoint", procs=[coordinator])
         except LaunchError as e:
             console.print(f"[yellow]{e}; using the latest checkpoint there is[/yellow]")
-        for proc in nodes:
-            proc.stop(30)
+        stop_all(nodes, 30)
         health = client.health()
     finally:
-        client.close()
-        for proc in nodes:
-            proc.stop(30)
+        if client is not None:
+            client.close()
+        stop_all(nodes, 30)  # side by side, each leaving cleanly, as the coordinator goes on answering them
         if zygote is not None:
             zygote.close()
-        coordinator.stop(30)
+        if coordinator is not None:
+            stop_all([coordinator], 30)
+        console.print(f"stopped the coordinator ({f'pid {coordinator.pid}' if coordinator else 'not started'}) and "
+                      f"{len(nodes)} node(s) ({', '.join(str(p.pid) for p in nodes) or 'none started'})")
 
     checkpoint = health.totals.latest_checkpoint
     if not checkpoint:

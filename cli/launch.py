@@ -9,10 +9,16 @@ the group still reach it.
 
 ``zygote`` forks a node from a :class:`~cotrain.cli.zygote.Zygote` instead of starting a new Python: many nodes on one
 machine then share one copy of torch and hivemind (``cotrain demo``, bench/scale.py).
+
+Nothing is left behind, however the launcher ends: a process started here receives SIGTERM when the launcher dies,
+even by SIGKILL (Linux's parent-death signal; a zygote's nodes die with the zygote, which ends with the launcher),
+and stops as it does on SIGTERM; :func:`signals_interrupt` turns SIGTERM and SIGHUP into Ctrl-C for a launcher, so
+its clean-up runs; :func:`stop_all` stops many processes side by side.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -20,9 +26,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 
 class LaunchError(RuntimeError):
@@ -58,7 +65,7 @@ class Proc:
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self.popen = subprocess.Popen([*prefix, sys.executable, "-m", "cotrain.cli", *args], stdout=self._log,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
-                                      start_new_session=True)
+                                      start_new_session=True, preexec_fn=_terminate_with(os.getpid()))
 
     @property
     def pid(self) -> int:
@@ -101,6 +108,76 @@ class Proc:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+
+
+def _terminate_with(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn``: the child receives SIGTERM when ``parent`` (this process, or rather the thread that starts
+    it: launchers start processes from their main thread) dies; it exits at once when that already happened."""
+    def arm() -> None:
+        if not sys.platform.startswith("linux"):
+            return
+        import ctypes
+
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """Inside the block SIGTERM and SIGHUP interrupt the main thread as Ctrl-C does (KeyboardInterrupt), so that a
+    launcher ended by a service manager, a CI job's timeout or a closed terminal runs its clean-up; the previous
+    handlers come back after it. Elsewhere than the main thread the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def stop_all(procs: Sequence, timeout: float = 30.0) -> list[Optional[int]]:
+    """Stop processes side by side (:class:`Proc`, or anything with ``popen``, ``signal`` and ``stop``): SIGTERM to
+    all at once, so they leave together, up to ``timeout`` seconds for all of them, then kill the groups of those
+    still there (which also ends what an exited process left behind). -> their exit codes. Ctrl-C, SIGTERM and
+    SIGHUP meanwhile cannot cut it short."""
+    with uninterrupted():
+        for p in procs:
+            p.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            try:
+                p.popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        return [p.stop(0.1) for p in procs]  # a second SIGTERM only to one still running after the timeout
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP are ignored inside the block: a clean-up that must run to its end (a second Ctrl-C
+    must not leave half of what was started running). Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.2, what: str = "condition",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 import cotrain
-from cotrain.cli.launch import LaunchError
+from cotrain.cli.launch import LaunchError, signals_interrupt
 from cotrain.exit_codes import ExitCode
 
 
@@ -81,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", type=Path, default=None, help="where state and checkpoints go (default: a new "
                                                                  "folder under ./cotrain-demo)")
     demo.add_argument("--config", type=Path, default=None, help="run config (default: the demo's built-in one)")
-    demo.set_defaults(handler=cmd_demo)
+    demo.add_argument("--force", action="store_true",
+                      help="start even where the nodes are estimated not to fit this machine's memory")
+    demo.set_defaults(handler=cmd_demo, launcher=True)
     return parser
 
 
@@ -151,6 +154,7 @@ def exit_code_for(error: BaseException) -> int | None:
     from cotrain.coordinator.store import StateDirError
     from cotrain.data import CorpusError
     from cotrain.protocol import AddressError
+    from cotrain.sizing import FleetTooLarge
     from cotrain.warmstart import WarmStartError
 
     if isinstance(error, JoinRefused):
@@ -159,7 +163,7 @@ def exit_code_for(error: BaseException) -> int | None:
         return ExitCode.UNAVAILABLE if error.code() == grpc.StatusCode.UNAVAILABLE else ExitCode.ERROR
     table = (((ConfigError, CorpusError, CheckpointError, WarmStartError), ExitCode.CONFIG),
              (AddressError, ExitCode.USAGE), (StateDirError, ExitCode.STATE),
-             (FleetSizeError, ExitCode.CONFIG), (FleetError, ExitCode.FLEET),
+             ((FleetSizeError, FleetTooLarge), ExitCode.CONFIG), (FleetError, ExitCode.FLEET),
              (CoordinatorUnavailable, ExitCode.UNAVAILABLE), (OSError, ExitCode.ERROR))
     return next((code for kinds, code in table if isinstance(error, kinds)), None)
 
@@ -188,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _setup_logging(args.log_level, args.log_format)
     try:
-        return int(args.handler(args) or 0)
+        # a launcher (demo, simulate) ended by SIGTERM or SIGHUP unwinds as on Ctrl-C: it stops what it started
+        with signals_interrupt() if getattr(args, "launcher", False) else contextlib.nullcontext():
+            return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED

@@ -4,7 +4,8 @@ A coordinator starts on this machine with ``--managed-nodes N``: N nodes run as 
 (a local Ray instance, or the operator's cluster with ``--ray-address``), join over gRPC like volunteers, and train
 together through hivemind. The command shows the swarm's status while it runs and a summary at the end (rounds,
 samples, the latest validation figures, bytes on the wire per node, alerts). Each node is a full process (torch and
-hivemind: about 450-600 MB of memory), so size ``--nodes`` to the machines.
+hivemind): a fleet estimated not to fit this machine's memory is refused before anything starts
+(:mod:`cotrain.sizing`; ``--force`` starts it anyway).
 
 ``--virtual N`` models a larger swarm instead: N virtual peers of a pure-Python round model (no training, no
 network; :mod:`cotrain.averaging.simulation`) deciding with the node's own round functions under the config's
@@ -45,7 +46,9 @@ def add_parser(subparsers) -> None:
     sim.add_argument("--workdir", type=Path, default=None, help="keep state, checkpoints and logs here "
                                                                 "(default: a temporary folder, removed after)")
     sim.add_argument("--format", choices=("table", "json"), default="table", help="the final summary's format")
-    sim.set_defaults(handler=cmd_simulate)
+    sim.add_argument("--force", action="store_true",
+                     help="start even where the nodes are estimated not to fit this machine's memory")
+    sim.set_defaults(handler=cmd_simulate, launcher=True)
 
 
 def cmd_simulate(args) -> int:
@@ -65,6 +68,10 @@ def cmd_simulate(args) -> int:
 
     from cotrain.cli.launch import LaunchError, last_words, machine_cpus, start_coordinator, wait_for
     from cotrain.coordinator.fleet import ray_share
+    from cotrain.sizing import check_fleet
+
+    if not args.ray_address:  # a cluster's memory is the coordinator's to check, once it is connected
+        check_fleet("--nodes", args.nodes, cfg, args.force)
 
     # the nodes divide the CPUs (its affinity, its cgroup's quota) rather than the machine's cores: each takes
     # floor(cpus) torch threads, at least one (the fleet's --threads); a share as Ray reserves it (in 1/10000s,
@@ -79,16 +86,24 @@ def cmd_simulate(args) -> int:
     console = Console(stderr=True)
     console.print(f"simulating {args.nodes} node(s) at {cpus:.2f} CPU each for {args.duration:.0f}s in {workdir}")
     extra = ["--managed-nodes", str(args.nodes), "--managed-node-cpus", f"{cpus:g}",
-             *(["--managed-node-cpu-limit"] if args.cpu_limit else [])]
+             *(["--managed-node-cpu-limit"] if args.cpu_limit else []), *(["--force"] if args.force else [])]
     if args.ray_address:
         extra += ["--ray-address", args.ray_address]
     coordinator, address = start_coordinator(workdir / "coordinator", workdir / "run.toml", extra=extra,
                                              timeout=300.0)
     client = CoordinatorClient(address, insecure=True, rpc_timeout=10.0)
     try:
+        up = [-1]
+
+        def joined() -> bool:  # says how many are up whenever it changes: never minutes of silence
+            count = sum(n.state == "healthy" for n in client.health().nodes)
+            if count != up[0]:
+                up[0] = count
+                console.print(f"{count} of {args.nodes} nodes up")
+            return count >= args.nodes
+
         try:
-            wait_for(lambda: sum(n.state == "healthy" for n in client.health().nodes) >= args.nodes, 600.0,
-                     interval=2.0, what=f"{args.nodes} nodes to join", procs=[coordinator])
+            wait_for(joined, 600.0, interval=2.0, what=f"{args.nodes} nodes to join", procs=[coordinator])
         except LaunchError as e:  # cotrain prints its first line and where the logs are
             raise LaunchError(f"simulate: {e}", logs=[workdir], exit_code=e.exit_code) from None
         started = shown = time.monotonic()
@@ -106,6 +121,12 @@ def cmd_simulate(args) -> int:
                 shown = time.monotonic()
                 console.print(health_table(health))
         trained_s = time.monotonic() - started
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the managed nodes and Ray go with the coordinator
+        client.close()
+        coordinator.stop(30)
+        console.print(f"stopped the coordinator (pid {coordinator.pid}), its {args.nodes} managed node(s) and its "
+                      f"Ray instance")
+        raise
     finally:
         client.close()
         code = coordinator.stop(120)

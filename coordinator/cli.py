@@ -45,6 +45,9 @@ def add_parser(subparsers) -> None:
     ray.add_argument("--managed-node-cpu-limit", action="store_true",
                      help="enforce --managed-node-cpus too, not only reserve it: each node runs with --cpu-limit "
                           "(a cgroup quota on the machine it runs on; needs root there)")
+    ray.add_argument("--force", action="store_true",
+                     help="start the managed nodes even where they are estimated not to fit a local Ray instance's "
+                          "memory (this machine's)")
     tls = start.add_argument_group("TLS (required unless --insecure)")
     tls.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
     tls.add_argument("--tls-key", type=Path, help="server private key (PEM)")
@@ -98,7 +101,7 @@ def cmd_start(args) -> int:
                                  http_port=args.http_port, dht_announce=tuple(args.dht_announce),
                                  ray_address=args.ray_address, managed_nodes=args.managed_nodes,
                                  managed_node_cpus=args.managed_node_cpus,
-                                 managed_node_cpu_limit=args.managed_node_cpu_limit)
+                                 managed_node_cpu_limit=args.managed_node_cpu_limit, force=args.force)
     asyncio.run(serve(cfg, options))
     return 0
 

@@ -31,6 +31,7 @@ from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.coordinator.admission import Issuer, load_or_create_key, needs_renewal
 from cotrain.coordinator.checkpointer import Checkpointer
 from cotrain.coordinator.evaluator import evaluator_for
+from cotrain.sizing import check_fleet
 from cotrain.coordinator.fleet import Fleet, FleetSizeError, ManagedNodeSpec, RayResources, ray_resources
 from cotrain.coordinator.reachability import Prober
 from cotrain.coordinator.service import CoordinatorService, RunInfo, SwarmSummary
@@ -65,6 +66,8 @@ class CoordinatorOptions:
     managed_node_cpus: float = 1.0
     #: the managed nodes run with ``--cpu-limit managed_node_cpus`` (enforced, where Ray only reserves)
     managed_node_cpu_limit: bool = False
+    #: start the managed nodes even where they are estimated not to fit a local Ray instance's memory
+    force: bool = False
 
 
 def resolve_run(cfg: Optional[RunConfig], store: Store) -> tuple[str, RunConfig]:
@@ -148,6 +151,8 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
             raise FleetSizeError(resources.refusal)
     store = Store(options.state_dir)
     run_id, cfg = resolve_run(cfg, store)
+    if options.managed_nodes and not options.ray_address:  # a local Ray instance: this machine's memory
+        check_fleet("--managed-nodes", options.managed_nodes, cfg, options.force)
     corpus = None if cfg.model.is_world_model else Corpus.from_source(cfg.data.source, cfg.data.max_bytes,
                                                                        cfg.data.val_fraction)
     torch.set_num_threads(1)  # evaluation shares the machine with nodes; keep the coordinator light
@@ -257,8 +262,17 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
                                    cpus_per_node=resources.share,
                                    extra_args=(("--cpu-limit", f"{resources.share:g}")
                                                if options.managed_node_cpu_limit else ()))
-            # off the event loop: the gRPC server keeps answering (the nodes join while they start)
-            await asyncio.to_thread(fleet.start_nodes, options.managed_nodes, spec)
+            # off the event loop: the gRPC server keeps answering (the nodes join while they start); a SIGTERM
+            # meanwhile stops the coordinator at once, not after the start-up (the fleet's shutdown ends it)
+            starting = asyncio.ensure_future(asyncio.to_thread(fleet.start_nodes, options.managed_nodes, spec))
+            stopping = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if stop.is_set():
+                logger.info("stopping while the managed nodes start")
+                starting.add_done_callback(lambda f: f.cancelled() or f.exception())  # its failure is expected
+                return
+            stopping.cancel()
+            starting.result()
             managed_pids = await asyncio.to_thread(fleet.node_pids)
         info = dict(address=address, run_id=run_id, dht=visible_maddrs(dht), tls=not options.insecure,
                     http=f"http://{host}:{web.port}" if web else None,

@@ -1,0 +1,226 @@
+"""Does anything leak over hours? A 3-node swarm with the defaults, disturbed the way long runs are, watched every
+minute.
+
+    python bench/soak.py --minutes 45 --json FILE [--markdown docs/results/soak.md]
+
+A coordinator and three nodes train the default run (the byte-level LSTM 2x256 on the built-in corpus). Every
+``--disturb-every`` minutes (10) node-2 is killed (SIGKILL) and started again with its identity, and node-1 is
+frozen (SIGSTOP) past the round's all-reduce deadline, then thawed: leaks in swarms like this one come from failed
+rounds and peers that come back. Every minute the bench reads, for every process of the coordinator and of each node
+(the node, its DHT process, its libp2p daemon), its unique memory (USS: the pages no other process shares), its open
+file descriptors and its threads, and the swarm's latest validation BPC.
+
+It reports, for each long-lived process (the coordinator's, node-0's and node-1's; node-2's restart every time),
+the slope of each figure after the first ``--settle`` minutes (10), by least squares: MB an hour, descriptors an hour,
+threads an hour, and the memory slope as a share of the process's memory an hour. The JSON is written after every
+minute, so a run of hours can be read while it goes on. A 6-hour run: ``nohup python bench/soak.py --minutes 360
+--json soak.json &``, then ``python bench/soak.py --report soak.json``.
+
+A killed node's processes (its DHT process and libp2p daemon) must end with it: the pids of those still running are
+listed at every minute (``left_behind``).
+
+JSON: ``{"minutes", "samples": [{"minute", "val_bpc", "left_behind": [pid], "processes": [{"who", "pid",
+"uss_bytes", "fds", "threads"}]}], "slopes": [{"who", "uss_mb_per_hour", "uss_percent_per_hour", "fds_per_hour", "threads_per_hour"}],
+"events": [[minute, what]], "meta"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import Swarm, bench_parser, interruptible, print_table, wait_for, work_folder, write_json  # noqa: E402
+
+from cotrain.config import RunConfig  # noqa: E402
+from cotrain.coordinator.store import read_evals  # noqa: E402
+from cotrain.footprint import process_tree  # noqa: E402
+
+NODES = ("node-0", "node-1", "node-2")
+RESTARTED, FROZEN = "node-2", "node-1"
+#: the processes whose slopes the bench judges: they live through the whole run
+LONG_LIVED = ("coordinator", "node-0", "node-1")
+
+
+def process_figures(pid: int) -> Optional[dict]:
+    """USS, open descriptors and threads of one process; None when it is gone."""
+    base = Path(f"/proc/{pid}")
+    try:
+        uss = 0
+        for line in (base / "smaps_rollup").read_text().splitlines():
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                uss += int(line.split()[1]) * 1024
+        threads = next(int(line.split()[1]) for line in (base / "status").read_text().splitlines()
+                       if line.startswith("Threads:"))
+        fds = len(os.listdir(base / "fd"))
+        role = (base / "comm").read_text().strip()
+    except (OSError, ValueError, StopIteration):
+        return None
+    return dict(pid=pid, uss_bytes=uss, fds=fds, threads=threads, comm=role)
+
+
+def sample(swarm: Swarm, nodes: dict) -> list[dict]:
+    """Every process of the coordinator and of each node, with whose it is (``node-1/2``: node-1's second process
+    in its tree, in pid order: the node, then what it started)."""
+    out = []
+    trees = {"coordinator": swarm.coordinator.pid, **{name: proc.pid for name, proc in nodes.items()}}
+    for who, root in trees.items():
+        for i, pid in enumerate(sorted(process_tree(root))):
+            figures = process_figures(pid)
+            if figures:
+                out.append(dict(figures, who=f"{who}/{i}" if i else who))
+    return out
+
+
+def slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (minute, value) points, per hour."""
+    if len(points) < 2:
+        return 0.0
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return 0.0 if var == 0 else 60.0 * sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var
+
+
+def slopes(samples: list[dict], settle: float) -> list[dict]:
+    """Each long-lived process's slopes after ``settle`` minutes (a process is one ``who`` that kept its pid)."""
+    series: dict[tuple[str, int], list[tuple[float, dict]]] = {}
+    for s in samples:
+        if s["minute"] < settle:
+            continue
+        for p in s["processes"]:
+            if p["who"].split("/")[0] in LONG_LIVED:
+                series.setdefault((p["who"], p["pid"]), []).append((s["minute"], p))
+    out = []
+    for (who, pid), points in sorted(series.items()):
+        if len(points) < 3:
+            continue
+        uss = slope([(m, p["uss_bytes"] / 2**20) for m, p in points])
+        mean_mb = sum(p["uss_bytes"] for _, p in points) / len(points) / 2**20
+        out.append(dict(who=who, pid=pid, comm=points[-1][1]["comm"], minutes=len(points),
+                        uss_mb=round(points[-1][1]["uss_bytes"] / 2**20, 1), uss_mb_per_hour=round(uss, 2),
+                        uss_percent_per_hour=round(100 * uss / mean_mb, 2) if mean_mb else 0.0,
+                        fds_per_hour=round(slope([(m, p["fds"]) for m, p in points]), 2),
+                        threads_per_hour=round(slope([(m, p["threads"]) for m, p in points]), 2)))
+    return out
+
+
+def latest_bpc(swarm: Swarm) -> Optional[float]:
+    evals = read_evals(swarm.state_dir)
+    return round(evals[-1].val_bpc, 4) if evals else None
+
+
+def run(args) -> dict:
+    cfg = RunConfig().with_overrides(run={"name": "soak"}, device="cpu")
+    freeze_s = cfg.averaging.allreduce_timeout + cfg.averaging.matchmaking_time + 5.0
+    results = dict(minutes=args.minutes, samples=[], slopes=[], events=[], meta=meta(), freeze_s=freeze_s)
+    with work_folder("cotrain-soak-", keep=args.keep) as work, Swarm(cfg, work, nodes=len(NODES)) as swarm:
+        nodes = {name: swarm.start_node(name, ["--wait-peers", "2"] if name != RESTARTED else []) for name in NODES}
+        wait_for(lambda: all((work / n / "status.json").exists() for n in NODES), 300, interval=1.0,
+                 what="the nodes to train", procs=list(nodes.values()))
+        started = time.monotonic()
+        next_sample, next_disturb = 0.0, args.disturb_every
+        gone: set[int] = set()  # the processes of every node-2 killed: each must have ended with it
+        while (minute := (time.monotonic() - started) / 60) < args.minutes:
+            if minute >= next_disturb:
+                next_disturb += args.disturb_every
+                gone |= set(process_tree(nodes[RESTARTED].pid))
+                nodes[RESTARTED].kill()  # a crash: no leaving, its peers find out
+                nodes[RESTARTED] = swarm.start_node(RESTARTED)
+                results["events"].append([round(minute, 2), f"{RESTARTED} killed and started again"])
+                nodes[FROZEN].signal(signal.SIGSTOP)  # its groupmates' round waits on it past the deadline
+                time.sleep(freeze_s)
+                nodes[FROZEN].signal(signal.SIGCONT)
+                results["events"].append([round(minute, 2), f"{FROZEN} frozen {freeze_s:.0f}s"])
+            if minute >= next_sample:
+                next_sample += 1.0
+                left = sorted(p for p in gone if Path(f"/proc/{p}").exists() and process_figures(p))
+                results["samples"].append(dict(minute=round(minute, 2), val_bpc=latest_bpc(swarm),
+                                               processes=sample(swarm, nodes), left_behind=left))
+                results["slopes"] = slopes(results["samples"], args.settle)
+                write_json(args.json, results)
+                print(f"minute {minute:.0f}: val {results['samples'][-1]['val_bpc']} BPC, "
+                      f"{len(results['samples'][-1]['processes'])} processes", flush=True)
+            for name, proc in nodes.items():
+                if not proc.alive():
+                    raise RuntimeError(f"{name} exited (code {proc.popen.returncode}); logs in {work}")
+            time.sleep(1.0)
+    results["complete"] = True
+    return results
+
+
+def report(results: dict) -> None:
+    print_table(f"soak: {results['minutes']} minutes, slopes after the first {results.get('settle', 10)}",
+                ["process", "command", "minutes", "USS MB", "MB / hour", "% / hour", "fds / hour", "threads / hour"],
+                [[s["who"], s["comm"], s["minutes"], s["uss_mb"], s["uss_mb_per_hour"], s["uss_percent_per_hour"],
+                  s["fds_per_hour"], s["threads_per_hour"]] for s in results["slopes"]])
+    bpcs = [(s["minute"], s["val_bpc"]) for s in results["samples"] if s["val_bpc"] is not None]
+    if bpcs:
+        print("validation BPC by minute: " + ", ".join(f"{m:.0f}: {b:.3f}" for m, b in bpcs[::5]))
+
+
+def write_markdown(path: Optional[str], results: dict) -> None:
+    if not path:
+        return
+    m = results.get("meta", {})
+    lines = [f"# Soak: `bench/soak.py`, {results['minutes']} minutes", "",
+             f"- `{m.get('command', '')}` at commit {m.get('commit', '?')}, {m.get('date', '')}, {m.get('machine', '')}",
+             f"- disturbances: {len(results['events'])} ({', '.join(e[1] for e in results['events'][:2])}, ...)",
+             "", "| process | command | minutes | USS MB | MB / hour | % / hour | fds / hour | threads / hour |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {s['who']} | {s['comm']} | {s['minutes']} | {s['uss_mb']} | {s['uss_mb_per_hour']} | "
+              f"{s['uss_percent_per_hour']} | {s['fds_per_hour']} | {s['threads_per_hour']} |" for s in results["slopes"]]
+    bpcs = [(s["minute"], s["val_bpc"]) for s in results["samples"] if s["val_bpc"] is not None]
+    lines += ["", "Validation BPC by minute: " + ", ".join(f"{mi:.0f}: {b:.3f}" for mi, b in bpcs), "",
+              "A 6-hour run: `nohup python bench/soak.py --minutes 360 --json soak.json --markdown soak.md &`; "
+              "`python bench/soak.py --report soak.json` prints its table while it runs."]
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + ".part")
+    part.write_text("\n".join(lines) + "\n")
+    part.replace(target)
+
+
+def meta() -> dict:
+    import platform
+    import subprocess
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    return {"command": "python bench/soak.py " + " ".join(sys.argv[1:]), "commit": commit,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": f"{os.cpu_count()} CPUs, {platform.machine()}"}
+
+
+def main() -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--minutes", type=float, default=45.0)
+    parser.add_argument("--disturb-every", type=float, default=10.0, help="minutes between a restart and a freeze")
+    parser.add_argument("--settle", type=float, default=10.0, help="minutes left out of the slopes")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--markdown", default=None)
+    parser.add_argument("--report", default=None, metavar="JSON", help="print the table of a run's --json")
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args()
+    if args.report:
+        results = json.loads(Path(args.report).read_text())
+        report(results)
+        write_markdown(args.markdown, results)
+        return 0
+    with interruptible():
+        results = run(args)
+    results["settle"] = args.settle
+    write_json(args.json, results)
+    report(results)
+    write_markdown(args.markdown, results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

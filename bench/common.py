@@ -406,3 +406,22 @@ def write_json(path: Optional[str], data: dict) -> None:
         part.write_text(json.dumps(data, indent=1, sort_keys=True))
         os.replace(part, target)
         print(f"\nfigures written to {path}")
+
+
+def run_meta(device: str = "cpu") -> dict:
+    """Where and when the figures come from: the command, the commit, the date and the machine."""
+    import platform
+
+    import torch
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() else None
+    return {"command": f"python bench/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:]), "commit": commit,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": f"{os.cpu_count()} CPUs ({cpu})" + (f", {gpu}" if gpu else ""), "torch": torch.__version__}

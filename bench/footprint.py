@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Swarm, bench_parser, print_table, wait_for, work_folder, write_json  # noqa: E402
+from common import Swarm, bench_parser, print_table, run_meta, wait_for, work_folder, write_json  # noqa: E402
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.footprint import footprint  # noqa: E402
@@ -82,7 +82,7 @@ def main() -> int:
         coordinator_base, coordinator_per_param = fit(rows, "coordinator_pss_bytes")
         write_json(args.json, dict(rows=rows, node_base_bytes=base, bytes_per_param=round(per_param, 2),
                                    coordinator_base_bytes=coordinator_base,
-                                   coordinator_bytes_per_param=round(coordinator_per_param, 2), meta=meta()))
+                                   coordinator_bytes_per_param=round(coordinator_per_param, 2), meta=run_meta()))
     print_table("memory a node and the coordinator take (PSS, their processes together)",
                 ["hidden", "parameters", "node MB", "coordinator MB"],
                 [[r["hidden"], r["params"], round(r["node_pss_bytes"] / 2**20), round(r["coordinator_pss_bytes"] / 2**20)]
@@ -90,18 +90,6 @@ def main() -> int:
     print(f"a node: {base / 2**20:.0f} MB + {per_param:.1f} bytes a parameter; the coordinator: "
           f"{coordinator_base / 2**20:.0f} MB + {coordinator_per_param:.1f} bytes a parameter")
     return 0
-
-
-def meta() -> dict:
-    import os
-    import platform
-    import subprocess
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    return {"command": "python bench/footprint.py " + " ".join(sys.argv[1:]), "commit": commit,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{os.cpu_count()} CPUs, "
-            f"{platform.machine()}"}
 
 
 if __name__ == "__main__":

@@ -48,8 +48,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (Swarm, UnitLoop, bench_parser, final_checkpoint, print_table, wait_for, work_folder,  # noqa: E402
-                    write_json)
+from common import (Swarm, UnitLoop, bench_parser, final_checkpoint, print_table, run_meta, wait_for,  # noqa: E402
+                    work_folder, write_json)
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.coordinator.store import read_evals  # noqa: E402
@@ -239,25 +239,6 @@ def main() -> int:
     write_json(args.json, results)
     write_markdown(args.markdown, results)
     return 0
-
-
-def run_meta(device: str) -> dict:
-    """Where and when the figures come from: the command, the commit, the date and the machine."""
-    import os
-    import platform
-    import subprocess
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() else None
-    return {"command": "python bench/longrun.py " + " ".join(sys.argv[1:]), "commit": commit,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": f"{os.cpu_count()} CPUs ({cpu})" + (f", {gpu}" if gpu else ""), "torch": torch.__version__}
 
 
 def report(runs: list, samples: int, device: str) -> None:

@@ -36,7 +36,8 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Swarm, bench_parser, interruptible, print_table, wait_for, work_folder, write_json  # noqa: E402
+from common import (Swarm, bench_parser, interruptible, print_table, run_meta, wait_for, work_folder,  # noqa: E402
+                    write_json)
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.coordinator.store import read_evals  # noqa: E402
@@ -119,7 +120,7 @@ def latest_bpc(swarm: Swarm) -> Optional[float]:
 def run(args) -> dict:
     cfg = RunConfig().with_overrides(run={"name": "soak"}, device="cpu")
     freeze_s = cfg.averaging.allreduce_timeout + cfg.averaging.matchmaking_time + 5.0
-    results = dict(minutes=args.minutes, samples=[], slopes=[], events=[], meta=meta(), freeze_s=freeze_s)
+    results = dict(minutes=args.minutes, samples=[], slopes=[], events=[], meta=run_meta(), freeze_s=freeze_s)
     with work_folder("cotrain-soak-", keep=args.keep) as work, Swarm(cfg, work, nodes=len(NODES)) as swarm:
         nodes = {name: swarm.start_node(name, ["--wait-peers", "2"] if name != RESTARTED else []) for name in NODES}
         wait_for(lambda: all((work / n / "status.json").exists() for n in NODES), 300, interval=1.0,
@@ -185,17 +186,6 @@ def write_markdown(path: Optional[str], results: dict) -> None:
     part = target.with_name(target.name + ".part")
     part.write_text("\n".join(lines) + "\n")
     part.replace(target)
-
-
-def meta() -> dict:
-    import platform
-    import subprocess
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    return {"command": "python bench/soak.py " + " ".join(sys.argv[1:]), "commit": commit,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": f"{os.cpu_count()} CPUs, {platform.machine()}"}
 
 
 def main() -> int:

@@ -406,14 +406,12 @@ class RoundAverager(abc.ABC):
         return self.shared_tensors() + extra
 
     @property
-    def _hash(self) -> str:
-        """The hash of the shared state as it is now (waits for its computation when a change just started it)."""
+    def state_hash(self) -> str:
+        """The hash of the shared state as it is now (waits for its computation when a change just started it): the
+        same on every member of a group after a round."""
         return self._state_hash.value()
 
-    @property
-    def state_hash(self) -> str:
-        """The hash of the shared state as it is now: the same on every member of a group after a round."""
-        return self._state_hash.value()
+    _hash = state_hash
 
     def outer_lr(self) -> Optional[float]:
         """The lr of the outer step, for strategies that take one."""
@@ -755,9 +753,7 @@ class RoundAverager(abc.ABC):
         if self._worker is None:
             self._average_with_group(contribution, len(peers_here) + 1, early)
             return
-        launch = PendingRound(self.round, self.steps_in_round, self.samples_in_round, self.reached_h_at,
-                              contribution, early, seen=len(peers_here) + 1, clock=self.clock,
-                              swarm=self.swarm_view(), contributed=self.contributed)
+        launch = self._launch(contribution, early, len(peers_here) + 1)
         launch.held = self.hold_round(launch)
         self._start_round(mid_round=False)
         launch.future = self._worker.submit(self._run_round, launch)
@@ -765,12 +761,15 @@ class RoundAverager(abc.ABC):
 
     def _average_with_group(self, contribution: list[torch.Tensor], seen: int, early: bool = False) -> RoundResult:
         """One round with a group, here and now (no overlap), from ``contribution`` and this round's counters."""
-        launch = PendingRound(self.round, self.steps_in_round, self.samples_in_round, self.reached_h_at,
-                              contribution, early, seen, clock=self.clock, swarm=self.swarm_view(),
-                              contributed=self.contributed)
+        launch = self._launch(contribution, early, seen)
         result = self._run_round(launch)
         self._finish_round(launch, result)
         return result
+
+    def _launch(self, contribution: list[torch.Tensor], early: bool, seen: int) -> PendingRound:
+        """The round as it ends here: its counters, its clock and the counts this peer says at the meeting."""
+        return PendingRound(self.round, self.steps_in_round, self.samples_in_round, self.reached_h_at, contribution,
+                            early, seen, clock=self.clock, swarm=self.swarm_view(), contributed=self.contributed)
 
     def _result_of(self, pending: PendingRound) -> RoundResult:
         try:
@@ -791,10 +790,9 @@ class RoundAverager(abc.ABC):
             self._count_own(launch.samples)
             self._observe_counts((peer, launch.round + 1, count) for peer, count in result.contributed
                                  if peer != self.peer_id)
-        if result.kind is Kind.RESYNC:  # the state it downloads next brings its count; should that fail, this one
-            self.samples_total = result.swarm + added
-            self.round_samples = added
-        if result.kind in (Kind.APPLY, Kind.RESYNC):
+            if result.kind is Kind.RESYNC:  # the state it downloads next brings its count; should that fail, this
+                self.samples_total = result.swarm + added
+                self.round_samples = added
             if result.from_board and kept_group(self._kept, launch.round, self.cfg.group_rounds) is not None:
                 self.stats.groups_kept += 1
             # a member that downloads the group's new state after the round is as much of the group as the others

@@ -15,7 +15,12 @@ the default schedule and averaging) to ``--samples`` samples in all:
 - ``cotrain_1``: one node, every core;
 - ``cotrain_3``: three nodes sharing this machine's cores;
 - ``cotrain_hetero``: three nodes, one at full speed and two made about 5x slower with ``--step-delay`` (4x the
-  step time the three nodes of ``cotrain_3`` took, measured there, or ``--slow-delay``).
+  step time the three nodes of ``cotrain_3`` took, measured there, or ``--slow-delay``);
+- ``cotrain_fast20``: the same with the two slow nodes about 20x slower (19x that step time): a GPU among CPUs,
+  whose work the average must follow (cotrain.averaging.work);
+- ``cotrain_liar3``, ``cotrain_liar1000``: ``cotrain_3`` with one node that claims 3x, or 1,000x, the samples it
+  trained on (``--claim-multiple``, a hidden node flag for this bench). ``vs cotrain_3`` is their final BPC over
+  ``cotrain_3``'s at the same samples: a lie that gains nothing keeps it at 1.
 
 Rows with another setting than the default, asked for by name only (``--rows ... cotrain_3_overlap``), each to
 weigh a default against its alternative over the same long run (see ``VARIANTS``); ``plain_contiguous`` is
@@ -32,9 +37,8 @@ best (a run that degrades late ends above 1.01), and the same over means of 3 po
 by a few percent from one work unit to the next, the plain loop's too).
 
 JSON: ``{"samples": int, "runs": [{"name", "device", "curve": [[samples, val_bpc], ...], "best_val_bpc",
-"final_val_bpc", "smoothed_final_over_best", "samples", "wall_s", "vs_plain", "nodes": [...], and for
-cotrain_hetero "fast_node_samples",
-"vs_fast_node_alone"}], "config": str}``.
+"final_val_bpc", "smoothed_final_over_best", "samples", "wall_s", "vs_plain", "nodes": [...], for cotrain_hetero
+and cotrain_fast20 "fast_node_samples", "vs_fast_node_alone", for the liars "vs_cotrain_3"}], "config": str}``.
 """
 
 from __future__ import annotations
@@ -58,6 +62,10 @@ from cotrain.evaluation import evaluate_model, evaluate_state  # noqa: E402
 from cotrain.optim.schedule import Schedule, lr_factor  # noqa: E402
 
 ROWS = ("plain_mixed", "plain_units", "cotrain_1", "cotrain_3", "cotrain_hetero")
+#: rows of one fast node and two slow ones: name -> how many times slower the slow ones are
+SLOWED = {"cotrain_hetero": 5, "cotrain_fast20": 20}
+#: rows of cotrain_3 with one liar: name -> how many times its samples it claims
+LIARS = {"cotrain_liar3": 3, "cotrain_liar1000": 1000}
 #: plain loops: name -> how it reads the split (bench/common.LAYOUTS)
 PLAIN = {"plain_mixed": "split", "plain_units": "spread", "plain_contiguous": "contiguous"}
 QUICK = dict(rows=["plain_mixed", "cotrain_3"], samples=40_000)
@@ -177,7 +185,8 @@ def main() -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--json", default=None)
     parser.add_argument("--samples", type=int, default=150_000, help="samples a row trains, all nodes together")
-    parser.add_argument("--rows", nargs="+", choices=[*ROWS, *VARIANTS, "plain_contiguous"], default=list(ROWS))
+    parser.add_argument("--rows", nargs="+", choices=[*ROWS, *SLOWED, *LIARS, *VARIANTS, "plain_contiguous"],
+                        default=list(ROWS))
     parser.add_argument("--quick", action="store_true",
                         help=f"the edit loop: rows {' '.join(QUICK['rows'])} on {QUICK['samples']:,} samples")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
@@ -186,7 +195,7 @@ def main() -> int:
                         help="seconds between the coordinator's checkpoints (each is evaluated)")
     parser.add_argument("--slow-delay", type=float, default=0.0,
                         help="cotrain_hetero: seconds added to each step of the two slow nodes (0: 4x the step time "
-                             "cotrain_3's nodes took, else 0.5)")
+                             "cotrain_3's nodes took, else 0.5; cotrain_fast20: 19x, else 2.5)")
     parser.add_argument("--row-timeout", type=float, default=3600.0)
     parser.add_argument("--keep", action="store_true", help="keep each swarm's work folder (logs, state)")
     parser.add_argument("--report", nargs="+", default=None, metavar="JSON",
@@ -221,14 +230,13 @@ def main() -> int:
             runs.append(run_swarm(name, cfg, args, [[]]))
         elif name == "cotrain_3":
             runs.append(run_swarm(name, cfg, args, [[], [], []]))
+        elif name in LIARS:
+            claim = ["--claim-multiple", str(LIARS[name])]
+            runs.append(dict(run_swarm(name, cfg, args, [claim, [], []]),
+                             setting=f"one node claims {LIARS[name]}x the samples it trained on"))
         else:
-            delay = args.slow_delay
-            three = next((r for r in runs if r["name"] == "cotrain_3"), None)
-            if not delay and three:
-                step_s = [n["wall_s"] / n["step"] for n in three["nodes"] if n.get("step")]
-                delay = 4 * sum(step_s) / len(step_s) if step_s else 0.5
-            delay = delay or 0.5
-            print(f"cotrain_hetero: the two slow nodes wait {delay:.3f}s a step", flush=True)
+            delay = slow_delay(args.slow_delay, SLOWED[name], runs)
+            print(f"{name}: the two slow nodes wait {delay:.3f}s a step", flush=True)
             runs.append(run_swarm(name, cfg, args, [[], ["--step-delay", f"{delay:.4f}"],
                                                     ["--step-delay", f"{delay:.4f}"]]))
         # after every row: an hour's run cut short keeps the rows it finished (--report prints them)
@@ -241,6 +249,16 @@ def main() -> int:
     return 0
 
 
+def slow_delay(given: float, slower: int, runs: list) -> float:
+    """Seconds the slow nodes of a row ``slower`` times slower wait a step: ``given``, else ``slower - 1`` times the
+    step time cotrain_3's nodes took (when it ran before), else ``slower - 1`` times 0.125 s."""
+    if given:
+        return given
+    three = next((r for r in runs if r["name"] == "cotrain_3"), None)
+    step_s = [n["wall_s"] / n["step"] for n in three["nodes"] if n.get("step")] if three else []
+    return (slower - 1) * (sum(step_s) / len(step_s) if step_s else 0.125)
+
+
 def report(runs: list, samples: int, device: str) -> None:
     """Fill in each row's comparisons (in place) and print the table and the curves."""
     plain = next((r for r in runs if r["name"] == "plain_mixed"), None)
@@ -248,7 +266,11 @@ def report(runs: list, samples: int, device: str) -> None:
         r["smoothed_final_over_best"] = smoothed([b for s, b in r["curve"] if s > 0])
         ref = at_samples(plain["curve"], r["samples"]) if plain else None
         r["vs_plain"] = round(r["final_val_bpc"] / ref, 4) if ref else None
-        if r["name"] == "cotrain_hetero" and plain:
+        three = next((x for x in runs if x["name"] == "cotrain_3"), None)
+        if r["name"] in LIARS and three:
+            clean = at_samples(three["curve"], r["samples"])
+            r["vs_cotrain_3"] = round(r["final_val_bpc"] / clean, 4) if clean else None
+        if r["name"] in SLOWED and plain:
             # the fast node training alone for the same time would have trained its own samples only: the plain
             # loop's BPC there (the plain loop is the fast node alone, with every core)
             fast = max(int(n.get("samples_local") or 0) for n in r["nodes"])
@@ -264,13 +286,13 @@ def report(runs: list, samples: int, device: str) -> None:
 
 
 COLUMNS = ["row", "samples", "wall s", "best BPC", "final BPC", "final / best", "the same, 3-point means",
-           "vs plain", "vs its fast node alone"]
+           "vs plain", "vs its fast node alone", "vs cotrain_3"]
 
 
 def table_rows(runs: list) -> list[list]:
     return [[r["name"], r["samples"], r["wall_s"], r["best_val_bpc"], r["final_val_bpc"],
              round(r["final_val_bpc"] / r["best_val_bpc"], 4), r["smoothed_final_over_best"],
-             r["vs_plain"] or "-", r.get("vs_fast_node_alone") or "-"] for r in runs]
+             r["vs_plain"] or "-", r.get("vs_fast_node_alone") or "-", r.get("vs_cotrain_3") or "-"] for r in runs]
 
 
 def write_markdown(path, results: dict) -> None:

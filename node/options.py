@@ -53,6 +53,8 @@ class NodeOptions:
     state_download_timeout: float = 30.0
     #: byzantine for benches and tests: the contributions this node sends (cotrain.averaging.attacks)
     attack: str = ""
+    #: for benches of weights by work: this node claims this many times the samples it trained on
+    claim_multiple: float = 1.0
     #: for benches and tests of stragglers: seconds of extra "compute" after every local step (a slower machine)
     step_delay: float = 0.0
     #: for benches and tests: a JSON line per local step and per applied round (cotrain.node.step_record)
@@ -110,6 +112,8 @@ FLAGS = (
     Flag("assume_public", bool, "announce the DHT address even when the coordinator cannot dial it", hidden=True),
     Flag("attack", str, "for benches and tests of robust aggregation only: this node sends corrupted updates",
          choices=tuple(ATTACKS)),
+    Flag("claim_multiple", float, "for benches of weights by work only: claim this many times the samples this node "
+                                  "trained on", limits=(1, 1e12), hidden=True),
     Flag("step_delay", float, "for benches and tests of stragglers: seconds added to every local step, as on a "
                               "slower machine", limits=(0, 60), hidden=True),
     Flag("step_record", str, "for benches and tests: write a JSON line per local step (its lr) and per applied "

@@ -217,9 +217,12 @@ class Node:
             self.averaging = build_strategy(model, optimizer, dht, response.run.run_id, cfg, peer_id=str(dht.peer_id),
                                             admission=self.admission, client_mode=client_mode,
                                             upload_bps=opts.max_upload_mbps * 1e6, record_key=record_key,
-                                            attack=opts.attack)
+                                            attack=opts.attack, overclaim=opts.claim_multiple)
             if opts.attack:
                 logger.warning("BYZANTINE: this node sends %s-corrupted updates (--attack)", opts.attack)
+            if opts.claim_multiple > 1:
+                logger.warning("LIAR: this node claims %gx the samples it trains on (--claim-multiple)",
+                               opts.claim_multiple)
             self._install_signal_handlers()  # hivemind may have replaced them
             heartbeat.start()  # from here on: it renews this node's credential, which waiting must not outlive
             if opts.wait_peers > 1:

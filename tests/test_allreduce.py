@@ -34,12 +34,15 @@ def run_all(exchanges, tag, vectors, weights, codec, timeout, skip=(), reducers=
 
 def test_every_peer_gets_the_same_weighted_mean(peers):
     torch.manual_seed(0)
-    vectors = [torch.randn(10_001) for _ in peers]
     weights = [1.0, 2.0, 3.0]
+    common = torch.randn(10_001)  # pseudo-gradients of one round point about one way, longer for more work
+    vectors = [w ** 0.5 * (common + 0.5 * torch.randn(10_001)) for w in weights]
     results = run_all(peers, "t-exact", vectors, weights, NoCompression(), timeout=20)
     expected = sum(w * v for w, v in zip(weights, vectors)) / sum(weights)
+    names = [str(e.peer_id) for e in peers]
     for r in results:
         assert r.complete and r.contributors == [3, 3, 3]
+        assert r.credits == dict(zip(names, weights))  # each part's reducer credited every claim
         assert torch.equal(r.average, results[0].average)  # bitwise identical on every peer
         assert torch.allclose(r.average, expected, atol=1e-5)
 
@@ -93,7 +96,8 @@ def test_peers_nobody_can_dial_reduce_no_part_and_still_average(peers):
 def test_a_small_vector_is_reduced_by_fewer_peers(peers, min_part_values, reducers):
     torch.manual_seed(3)
     numel = 10_001
-    vectors = [torch.randn(numel) for _ in peers]
+    common = torch.randn(numel)
+    vectors = [w ** 0.5 * (common + 0.5 * torch.randn(numel)) for w in (1.0, 2.0, 1.0)]  # as their work shows
     tag = f"t-few-{reducers}"
     before = [(e.bytes_sent, e.served["unary"] + e.served["stream"]) for e in peers]
     results = run_all(peers, tag, vectors, [1.0, 2.0, 1.0], NoCompression(), timeout=20,

@@ -6,6 +6,7 @@ import struct
 import pytest
 import torch
 
+from cotrain.averaging.work import credited_weights
 from cotrain.averaging.allreduce import (AllReduceFailed, choose_reducers, contribution_piece, hosted, hosted_average,
                                          hosted_reduce, part_bounds, weighted_mean)
 from cotrain.compression import Int8Blockwise, NoCompression
@@ -53,28 +54,38 @@ def test_a_vector_is_hosted_exactly_when_the_butterfly_would_give_it_one_reducer
 
 def test_the_hosts_result_is_the_weighted_mean_and_a_bad_contribution_is_left_out_by_name():
     torch.manual_seed(0)
-    vectors = {"a": torch.randn(100), "b": torch.randn(100), "c": torch.randn(100)}
+    common = torch.randn(100)
+    vectors = {"a": common + torch.randn(100), "b": common + torch.randn(100), "c": common + torch.randn(100)}
     pieces = {peer: contribution_piece(v, w, NoCompression())[0]
               for (peer, v), w in zip(vectors.items(), [1.0, 2.0, 1.0])}
     dropped: dict = {}
-    count, average = hosted_average(hosted_reduce(pieces, 100, NoCompression(), weighted_mean, dropped), 100,
-                                    NoCompression())
+    count, average, credits = hosted_average(hosted_reduce(pieces, 100, NoCompression(), weighted_mean, dropped),
+                                             "cba", 100, NoCompression())
     assert count == 3 and not dropped
-    assert torch.allclose(average, (vectors["a"] + 2 * vectors["b"] + vectors["c"]) / 4, atol=1e-6)
+    # b claims twice the others' weight; a vector of about their norm shows at most SLACK x of it
+    expected = credited_weights(list(vectors.values()), [1.0, 2.0, 1.0])
+    assert credits == dict(zip("abc", expected)) and 1.0 < credits["b"] < 2.0
+    assert torch.allclose(average, weighted_mean(list(vectors.values()), expected), atol=1e-6)
 
     nan = contribution_piece(torch.full((100,), float("nan")), 1.0, NoCompression())[0]
     bad = dict(pieces, b=nan, c=pieces["c"][:-4], d=b"")  # d: nothing came with its meeting
-    count, average = hosted_average(hosted_reduce(bad, 100, NoCompression(), weighted_mean, dropped), 100,
-                                    NoCompression())
+    count, average, credits = hosted_average(hosted_reduce(bad, 100, NoCompression(), weighted_mean, dropped),
+                                             "abcd", 100, NoCompression())
     assert count == 1 and torch.equal(average, vectors["a"])
+    assert credits == {"a": 1.0, "b": 0.0, "c": 0.0, "d": 0.0}  # those left out are credited nothing
     assert set(dropped) == {"b", "c", "d"}
     assert "non-finite" in dropped["b"] and "malformed" in dropped["c"] and "did not arrive" in dropped["d"]
 
 
 def test_a_member_takes_only_a_result_that_is_one():
-    for result in (b"", b"\x03\x00", b"\x02\x00\x00\x00" + b"\x00" * 7):
+    good = hosted_reduce({"a": contribution_piece(torch.ones(10), 1.0, NoCompression())[0]}, 10, NoCompression(),
+                         weighted_mean, {})
+    assert hosted_average(good, "a", 10, NoCompression())[0] == 1
+    wrong_credits = good[:6] + struct.pack("<d", float("inf")) + good[14:]
+    for result in (b"", b"\x03\x00", b"\x02\x00\x00\x00" + b"\x00" * 7, good[:-4], wrong_credits,
+                   struct.pack("<IH", 1, 3) + good[6:]):  # credits for a group of 3
         with pytest.raises(AllReduceFailed):
-            hosted_average(result, 10, NoCompression())
+            hosted_average(result, "a", 10, NoCompression())
 
 
 def test_what_a_member_sends_is_what_the_host_decodes():

@@ -38,9 +38,10 @@ def test_what_members_said_is_read_as_counts_and_garbage_as_zero():
     info = {"a": {"swarm": 900, "contributed": 300, "samples": 80},
             "b": {"swarm": "lots", "contributed": True, "samples": None},
             "c": {"swarm": 2**80, "contributed": -5, "samples": 8}}
-    views, after = said_counts(info)
+    views, after = said_counts(info, {"a": 80, "b": 0, "c": 8})
     assert views == {"a": 900, "b": 0, "c": MAX_COUNT}
     assert after == {"a": 380, "b": 0, "c": 8}
+    assert said_counts(info, {"a": 20})[1] == {"a": 320, "b": 0, "c": 0}  # the round's samples as credited
 
 
 def test_the_ledger_counts_every_peer_once_and_never_goes_back():

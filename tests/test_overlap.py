@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cotrain.averaging.diloco import DiLoCo
-from cotrain.averaging.outcome import Kind, majority_holders, others_samples, round_outcome
+from cotrain.averaging.outcome import Kind, credited_samples, majority_holders, round_outcome
 from cotrain.averaging.overlap import PendingRound, carry_local_progress
 
 
@@ -36,9 +36,12 @@ def test_a_peer_whose_state_is_not_the_groups_majority_resyncs_and_ties_pick_the
     assert majority_holders(info(me="y", a="x", b="x")) == ["a", "b"]
 
 
-def test_the_groupmates_samples_are_counted_and_bounded():
-    said = {"me": {"samples": 5}, "a": {"samples": 7}, "b": {"samples": -3}, "c": {"samples": "x"}, "d": {}}
-    assert others_samples("me", said) == 7
+def test_the_members_samples_are_counted_bounded_and_at_most_their_credit():
+    said = {"me": {"samples": 5}, "a": {"samples": 7}, "b": {"samples": -3}, "c": {"samples": "x"}, "d": {},
+            "liar": {"samples": 10**15}}
+    assert credited_samples(said) == {"me": 5, "a": 7, "b": 0, "c": 0, "d": 0, "liar": 1 << 40}
+    credited = credited_samples(said, {"me": 5.0, "a": 9.0, "liar": 6.0, "d": 3.0})
+    assert credited == {"me": 5, "a": 7, "b": 0, "c": 0, "d": 0, "liar": 6}  # never more than claimed
 
 
 def test_a_round_that_did_not_happen_gives_the_node_back_its_counters():

@@ -165,13 +165,15 @@ def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, cor
 
 def test_every_node_of_a_round_takes_the_same_lr_at_each_step_and_the_same_outer_step(tmp_path, corpus_file,
                                                                                       node_zygote):
-    """One clock for the swarm: a schedule that decays from the first samples, the outer step on it too, and a
-    straggler that takes fewer steps a round than the others. Each node records every step's lr and every round's
-    state hash (--step-record)."""
+    """One clock for the swarm: a schedule that decays from the first samples, the outer step on it too, a
+    straggler that takes fewer steps a round than the others, and a node that claims 1,000 times the samples it
+    trains on. Each node records every step's lr and every round's state hash (--step-record)."""
     schedule = {"kind": "inverse_sqrt", "warmup_samples": 0, "timescale_samples": 64, "outer": True}
-    coordinator = RunningCoordinator(tmp_path, tiny_config(corpus_file, schedule=schedule), zygote=node_zygote)
+    cfg = tiny_config(corpus_file, schedule=schedule)
+    coordinator = RunningCoordinator(tmp_path, cfg, zygote=node_zygote)
     records = [tmp_path / f"steps-{i}.jsonl" for i in range(3)]
-    extra = {i: ["--step-record", str(records[i]), *(["--step-delay", "0.1"] if i == 2 else [])] for i in range(3)}
+    odd = {1: ["--claim-multiple", "1000"], 2: ["--step-delay", "0.1"]}
+    extra = {i: ["--step-record", str(records[i]), *odd.get(i, [])] for i in range(3)}
     try:
         train_together(coordinator, tmp_path, 3, rounds=4, extra=extra)
     finally:
@@ -195,6 +197,11 @@ def test_every_node_of_a_round_takes_the_same_lr_at_each_step_and_the_same_outer
         assert len({node[r]["samples_total"] for node in rounds}) == 1, (r, [node[r] for node in rounds])
     assert len({rounds[0][r]["outer_lr"] for r in reached}) >= 2  # the outer lr follows the schedule
     assert all(node[max(node)]["resyncs"] == 0 for node in rounds), [node[max(node)] for node in rounds]
+    # the liar's claim counts for what its pseudo-gradient shows: the swarm's clock stays near the samples trained
+    # (counting the claims, it would run hundreds of times too fast)
+    for r in sorted(reached):
+        trained = cfg.data.batch_size * sum(1 for node in lines for x in node if "lr" in x and x["round"] < r)
+        assert rounds[0][r]["samples_total"] <= 2 * trained, (r, rounds[0][r], trained)
 
 
 def test_eight_nodes_in_groups_of_two_count_the_whole_swarms_samples(tmp_path, corpus_file, node_zygote):

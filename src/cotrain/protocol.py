@@ -14,8 +14,10 @@ import grpc
 #: (``FetchRequest.deposit``); a node of version 3 would wait for the host to fetch its meeting, which no host does
 #: 5: progress records carry ``contributed`` (the peer's samples in the rounds it applied: the swarm's count over
 #: every group, cotrain.averaging.ledger), and the board refuses records without it
-PROTOCOL_VERSION = 5
-SUPPORTED_PROTOCOL_VERSIONS = (5,)
+#: 6: a reduced part carries the weight its reducer credited each member's contribution with
+#: (cotrain.averaging.work); a node of version 5 would read those bytes as the part's values
+PROTOCOL_VERSION = 6
+SUPPORTED_PROTOCOL_VERSIONS = (6,)
 
 #: a node's reachability, as the coordinator found it when it dialled the node's DHT address (RegisterPeer)
 PUBLIC, DIAL_OUT_ONLY = "public", "dial-out only"

@@ -18,7 +18,7 @@ butterfly; a peer that got fewer payloads than its groupmates ends with a differ
 state-hash check notices (it then downloads the group's state).
 
 Aggregation: ``mean`` (each position's weighted mean over its senders) or ``clipped_mean`` (each contribution first
-clipped to ``clip_multiple`` x the group's lower-median norm, weights capped at the median weight, as
+clipped to ``clip_multiple`` x the group's lower-median norm, weights credited by the work they show, as
 :func:`cotrain.averaging.robust.clipped_mean` does for dense parts).
 """
 
@@ -33,7 +33,7 @@ import torch
 
 from cotrain.averaging.allreduce import AllReduceFailed, AllReduceResult, reducer_flags
 from cotrain.averaging.exchange import Exchange
-from cotrain.averaging.robust import capped_weights
+from cotrain.averaging.work import credited_weights, radius_scales
 from cotrain.compression.sparse import SparseLowBit, sparse_mean
 
 SPARSE_AGGREGATIONS = ("mean", "clipped_mean")
@@ -49,8 +49,17 @@ def sparse_aggregate(supports: list[tuple[np.ndarray, np.ndarray]], weights: lis
                          f"not {aggregation!r}")
     norms = [float(np.sqrt(np.sum(np.square(v, dtype=np.float64)))) for _, v in supports]
     bound = clip_multiple * sorted(norms)[(len(norms) - 1) // 2] if norms else 0.0
-    scales = [1.0 if n <= bound else bound / n for n in norms]
-    return sparse_mean(supports, capped_weights(list(weights)) if len(weights) > 1 else list(weights), numel, scales)
+    credited = credited_weights([_dense(s, numel) for s in supports], weights) if len(weights) > 1 else list(weights)
+    bounds = [bound * r for r in radius_scales(credited)] if credited else []
+    scales = [1.0 if n <= b else b / n for n, b in zip(norms, bounds)]
+    return sparse_mean(supports, credited, numel, scales)
+
+
+def _dense(support: tuple[np.ndarray, np.ndarray], numel: int) -> torch.Tensor:
+    out = torch.zeros(numel, dtype=torch.float32)
+    out[torch.from_numpy(np.asarray(support[0], dtype=np.int64))] = torch.from_numpy(
+        np.asarray(support[1], dtype=np.float32))
+    return out
 
 
 def sparse_allgather(exchange: Exchange, tag: str, group: Sequence, me, vector: torch.Tensor, weight: float,

@@ -4,9 +4,11 @@ The group (sorted peer ids) splits the vector into one part per reducer; reducer
 for a small vector fewer of them, :func:`choose_reducers`):
 
 1. every peer publishes its encoded part j (with its weight) for reducer j;
-2. reducer i fetches part i from every groupmate, decodes, aggregates them (weighted mean, or a robust
-   aggregator) in peer order, encodes the result and publishes it;
-3. every peer fetches each reduced part from its reducer and decodes it.
+2. reducer i fetches part i from every groupmate, decodes, weighs each by the work it shows
+   (:func:`cotrain.averaging.work.credited_weights`), aggregates them (weighted mean, or a robust aggregator) in
+   peer order, encodes the result and publishes it with those credited weights;
+3. every peer fetches each reduced part from its reducer and decodes it. A member's credited weight is the lower
+   median of what the reducers credited it with (a reducer cannot raise it alone), the same on every member.
 
 Peers that nobody can dial (``reducers[i]`` false: behind NAT, in client mode) reduce no part: they send their
 contributions to the reducers and fetch the results over connections they opened themselves, so two of them never
@@ -27,6 +29,7 @@ import numpy as np
 import torch
 
 from cotrain.averaging.exchange import UNARY_MAX_BYTES, Exchange
+from cotrain.averaging.work import credited_weights
 from cotrain.compression import Codec
 
 Aggregator = Callable[[list[torch.Tensor], list[float]], torch.Tensor]
@@ -95,6 +98,8 @@ class AllReduceResult:
     contributors: list[int]  # per part: how many peers' contributions were aggregated
     dropped: dict[str, str] = field(default_factory=dict)  # peer -> why its contribution was left out
     seconds: float = 0.0
+    #: peer -> the weight its contribution was credited with (:func:`credited`), the same on every member
+    credits: dict[str, float] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -130,50 +135,52 @@ def butterfly_allreduce(exchange: Exchange, tag: str, group: Sequence, me, vecto
     contributors = [n] * n  # a part nobody reduces (an empty one) lacks no contribution
     dropped: dict[str, str] = {}
     if mine in reducing:
-        parts_in, encoded_result = _reduce_part(exchange, tag, group, names, mine, bounds[mine], weight,
-                                                own_parts[mine], codec, timeout, aggregator, dropped)
-        own_result = struct.pack("<I", parts_in) + encoded_result
+        own_result = _reduce_part(exchange, tag, group, names, mine, bounds[mine], weight, own_parts[mine], codec,
+                                  timeout, aggregator, dropped)
     # gather every reduced part
     requests = [(group[j], f"{tag}/out/{j}") for j in reducing if j != mine]
     largest = max(b - a for a, b in bounds)
     fetched = dict(zip([j for j in reducing if j != mine], exchange.fetch_many(
-        requests, wait_s=timeout, large=_streams(largest), max_bytes=4 + encoded_bound(largest))))
+        requests, wait_s=timeout, large=_streams(largest), max_bytes=_header_bytes(n) + encoded_bound(largest))))
     if mine in reducing:
         fetched[mine] = own_result
+    credits = []
     for j in reducing:
         payload = fetched[j]
         if payload is None:
             raise AllReduceFailed(f"reduced part {j} from peer {names[j][-8:]} did not arrive within {timeout:.0f}s")
         lo, hi = bounds[j]
         try:
-            (contributors[j],) = struct.unpack("<I", payload[:4])
-            average[lo:hi] = codec.decode_result(payload[4:], hi - lo)
+            contributors[j], part_credits, encoded = _unpack_result(payload, n)
+            average[lo:hi] = codec.decode_result(encoded, hi - lo)
         except (ValueError, struct.error) as e:
             raise AllReduceFailed(f"reduced part {j} from peer {names[j][-8:]} is malformed: {e}") from None
-    return AllReduceResult(average, sent, contributors, dropped, time.monotonic() - started)
+        credits.append(part_credits)
+    return AllReduceResult(average, sent, contributors, dropped, time.monotonic() - started,
+                           credits=agreed_credits(names, credits))
 
 
 def _reduce_part(exchange: Exchange, tag: str, group: list, names: list[str], mine: int, bounds: tuple[int, int],
                  weight: float, own: bytes, codec: Codec, timeout: float, aggregator: Aggregator,
-                 dropped: dict) -> tuple[int, bytes]:
-    """Reducer ``mine``: fetch every groupmate's contribution to its part, aggregate, publish the result; ->
-    (contributions aggregated, the encoded result). Contributions left out are named in ``dropped``."""
+                 dropped: dict) -> bytes:
+    """Reducer ``mine``: fetch every groupmate's contribution to its part, aggregate, publish the result; -> the
+    result as published (:func:`_pack_result`). Contributions left out are named in ``dropped``."""
     a, b = bounds
     others = [(p, f"{tag}/in/{mine}/{name}") for p, name in zip(group, names) if name != names[mine]]
     fetched = exchange.fetch_many(others, wait_s=timeout, large=_streams(b - a), max_bytes=8 + encoded_bound(b - a))
-    count, encoded_result = _aggregate(names, _insert(fetched, mine, struct.pack("<d", weight) + own), b - a, codec,
-                                       aggregator, dropped)
-    exchange.publish(tag, f"{tag}/out/{mine}", struct.pack("<I", count) + encoded_result,
-                     readers=len(group) - 1)  # every groupmate gathers every part
-    return count, encoded_result
+    result = _aggregate(names, _insert(fetched, mine, struct.pack("<d", weight) + own), b - a, codec, aggregator,
+                        dropped)
+    exchange.publish(tag, f"{tag}/out/{mine}", result, readers=len(group) - 1)  # every groupmate gathers every part
+    return result
 
 
 def _aggregate(names: Sequence[str], payloads: Sequence[Optional[bytes]], numel: int, codec: Codec,
-               aggregator: Aggregator, dropped: dict) -> tuple[int, bytes]:
-    """Aggregate the contributions (weight, then the encoded values; None: none came) in ``names``' order. ->
-    (contributions aggregated, the encoded result). Those left out are named in ``dropped``, with why; the caller's
-    own is among them and is valid, so at least one is aggregated."""
-    parts, weights = [], []
+               aggregator: Aggregator, dropped: dict) -> bytes:
+    """Aggregate the contributions (weight, then the encoded values; None: none came) in ``names``' order, each
+    weighted by the work it shows. -> the result (:func:`_pack_result`: how many were aggregated, each name's
+    credited weight, 0 for those left out, and the encoded aggregate). Those left out are named in ``dropped``, with
+    why; the caller's own is among them and is valid, so at least one is aggregated."""
+    parts, weights, kept = [], [], []
     for name, payload in zip(names, payloads):
         if payload is None:
             dropped[name] = "its contribution did not arrive in time"
@@ -192,7 +199,41 @@ def _aggregate(names: Sequence[str], payloads: Sequence[Optional[bytes]], numel:
             continue
         parts.append(part)
         weights.append(w)
-    return len(parts), codec.encode_result(aggregator(parts, weights))
+        kept.append(name)
+    credited = credited_weights(parts, weights)
+    by_name = dict(zip(kept, credited))
+    return _pack_result(len(parts), [by_name.get(name, 0.0) for name in names],
+                        codec.encode_result(aggregator(parts, credited)))
+
+
+def _pack_result(count: int, credits: Sequence[float], encoded: bytes) -> bytes:
+    return struct.pack(f"<IH{len(credits)}d", count, len(credits), *credits) + encoded
+
+
+def _header_bytes(n: int) -> int:
+    return 6 + 8 * n
+
+
+def _unpack_result(payload: bytes, n: int) -> tuple[int, list[float], bytes]:
+    """A reduced part from a peer (hostile) -> (contributions aggregated, the group's n credited weights, the
+    encoded aggregate). Raises ValueError naming what is wrong."""
+    count, k = struct.unpack("<IH", payload[:6])
+    if k != n:
+        raise ValueError(f"credits: {k} weights for a group of {n}")
+    if count > n:
+        raise ValueError(f"contributors: {count} in a group of {n}")
+    credits = list(struct.unpack(f"<{n}d", payload[6:_header_bytes(n)]))
+    if not all(np.isfinite(c) and c >= 0 for c in credits):
+        raise ValueError("credits: a weight that is negative or not finite")
+    return count, credits, payload[_header_bytes(n):]
+
+
+def agreed_credits(names: Sequence[str], credits: Sequence[Sequence[float]]) -> dict[str, float]:
+    """Each member's credited weight: the lower median over the reduced parts of what their reducers credited it
+    with (``credits``: one list in ``names``' order per part). Every member computes it from the same bytes."""
+    if not credits:
+        return {}
+    return {name: sorted(c[i] for c in credits)[(len(credits) - 1) // 2] for i, name in enumerate(names)}
 
 
 # ---- the all-reduce a board group's host does at its meeting ----------------------------------------------------
@@ -221,18 +262,20 @@ def hosted_reduce(pieces: dict[str, Optional[bytes]], numel: int, codec: Codec, 
     host's own included; None or empty: none came) in id order -> the result every member decodes
     (:func:`hosted_average`). Those left out are named in ``dropped``."""
     names = sorted(pieces)
-    count, encoded = _aggregate(names, [pieces[name] or None for name in names], numel, codec, aggregator, dropped)
-    return struct.pack("<I", count) + encoded
+    return _aggregate(names, [pieces[name] or None for name in names], numel, codec, aggregator, dropped)
 
 
-def hosted_average(result: bytes, numel: int, codec: Codec) -> tuple[int, torch.Tensor]:
-    """A member's side: the host's result -> (contributions it aggregated, the average). Raises AllReduceFailed
-    for bytes that are no result (they come from a peer)."""
+def hosted_average(result: bytes, names: Sequence[str], numel: int,
+                   codec: Codec) -> tuple[int, torch.Tensor, dict[str, float]]:
+    """A member's side: the host's result for the group ``names`` (every member's id) -> (contributions it
+    aggregated, the average, each member's credited weight). Raises AllReduceFailed for bytes that are no result
+    (they come from a peer)."""
     if not result:
         raise AllReduceFailed("the group's host sent no result with its roster")
+    names = sorted(names)
     try:
-        (count,) = struct.unpack("<I", result[:4])
-        return count, codec.decode_result(result[4:], numel)
+        count, credits, encoded = _unpack_result(result, len(names))
+        return count, codec.decode_result(encoded, numel), dict(zip(names, credits))
     except (ValueError, struct.error) as e:
         raise AllReduceFailed(f"the group's host sent a malformed result: {e}") from None
 

@@ -58,14 +58,15 @@ def _count(value: object) -> int:
     return max(0, min(MAX_COUNT, value))
 
 
-def said_counts(info: Mapping[str, Mapping]) -> tuple[dict[str, int], dict[str, int]]:
+def said_counts(info: Mapping[str, Mapping], samples: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
     """What a group's members said at the meeting (``info``: member -> its meeting's fields), as counts: (their
-    views of the swarm's count, their contributed counts after this round: before it plus the round's samples).
-    Anything that is no count is taken as 0."""
+    views of the swarm's count, their contributed counts after this round: before it plus the round's ``samples``
+    as the group credited them, :func:`cotrain.averaging.outcome.credited_samples`). Anything that is no count is
+    taken as 0."""
     views, after = {}, {}
     for peer, said in info.items():
         views[peer] = _count(said.get("swarm", 0))
-        after[peer] = min(MAX_COUNT, _count(said.get("contributed", 0)) + _count(said.get("samples", 0)))
+        after[peer] = min(MAX_COUNT, _count(said.get("contributed", 0)) + _count(samples.get(peer, 0)))
     return views, after
 
 

@@ -26,7 +26,7 @@ class RoundResult:
     average: Optional[list] = None  # APPLY: the averaged contribution, shaped like ours
     group_size: int = 0
     partial: bool = False  # fewer contributions than the peers seen at the round
-    others_samples: int = 0  # samples the groupmates trained on in the round
+    samples: int = 0  # APPLY, RESYNC: the group's samples in the round, every member's as credited (ourselves too)
     group: frozenset = field(default_factory=frozenset)  # the groupmates (ourselves excluded)
     from_board: bool = False  # the group formed from the progress board (else by hivemind's matchmaking)
     meet_s: float = 0.0  # seconds forming the group (the board's meeting, then matchmaking if it fell back)
@@ -81,16 +81,21 @@ def majority_holders(info: Mapping[str, Mapping]) -> list[str]:
     return sorted(peer for peer, said in info.items() if str(said.get("hash")) == majority)
 
 
-def others_samples(me: str, info: Mapping[str, Mapping]) -> int:
-    """Samples the groupmates trained on in the round (what they said at the meeting; bounded per member)."""
-    total = 0
+def credited_samples(info: Mapping[str, Mapping], credits: Optional[Mapping[str, float]] = None) -> dict[str, int]:
+    """Each member's samples in the round as the group counts them: what it said at the meeting (``info``, bounded),
+    at most the weight the all-reduce credited its contribution with (``credits``: member -> weight,
+    :mod:`cotrain.averaging.work`; a member missing from it keeps its claim, one credited 0 was left out). Every
+    member computes it from the same values, so the group's total is one figure on all of them."""
+    out = {}
     for peer, said in info.items():
-        if peer != me:
-            try:
-                total += max(0, min(int(said.get("samples", 0)), 1 << 40))
-            except (TypeError, ValueError):
-                continue
-    return total
+        try:
+            samples = max(0, min(int(said.get("samples", 0)), 1 << 40))
+        except (TypeError, ValueError):
+            samples = 0
+        if credits is not None and peer in credits:
+            samples = min(samples, int(credits[peer]))
+        out[peer] = samples
+    return out
 
 
 def members_of(group: Sequence, me: str) -> frozenset:

@@ -42,6 +42,7 @@ class PendingRound:
     clock: Any = None  # the round's RoundClock: where its steps stood on the schedule
     swarm: int = 0  # the swarm's count as this peer knew it at the round's end (said at the meeting)
     contributed: int = 0  # this peer's own samples in the rounds it applied before this one
+    claimed: int = 0  # the samples this peer says it trained on (``samples``; a liar of a bench says more)
     held: Any = None  # what the strategy set aside (sync: its accumulated gradients; DiLoCo: its eager guess)
     future: Optional[Future] = field(default=None, repr=False)
 

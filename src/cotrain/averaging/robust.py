@@ -12,8 +12,10 @@ hivemind has none. All run on every reducer's part of the butterfly all-reduce, 
   that no contribution moves the result by more than tau however large it is. ``tau = 0`` picks it per part: the
   median distance of the contributions from the median.
 
-The weighted ones (clipped mean, CenteredClip) cap each peer's claimed weight at the median weight
-(:func:`capped_weights`); the trimmed mean ignores weights.
+The weighted ones (clipped mean, CenteredClip) weigh each peer by the work its contribution shows
+(:func:`cotrain.averaging.work.credited_weights`: a fast node counts for its samples, a claim its pseudo-gradient does
+not back counts as the median peer), and let a credited contribution reach ``sqrt(credit / median)`` times as far
+(:func:`cotrain.averaging.work.radius_scales`); the trimmed mean ignores weights.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import math
 import torch
 
 from cotrain.averaging.allreduce import Aggregator, weighted_mean
+from cotrain.averaging.work import credited_weights, radius_scales
 
 
 def trimmed_mean(parts: list[torch.Tensor], weights: list[float], trim: float = 0.2) -> torch.Tensor:
@@ -32,20 +35,6 @@ def trimmed_mean(parts: list[torch.Tensor], weights: list[float], trim: float = 
         return weighted_mean(parts, weights)
     stacked = torch.stack(parts).sort(dim=0).values
     return stacked[k: n - k].mean(dim=0)
-
-
-def capped_weights(weights: list[float]) -> list[float]:
-    """Each weight capped at the (lower) median weight.
-
-    Weights are the samples each peer says it trained on this round, and nothing checks them: a peer that claims
-    1e9 would otherwise own the weighted sum (CenteredClip then walks ``iterations * tau`` towards it, which
-    reverses a round). Capped, it counts as much as the median peer. The cap is the median, not a multiple of it:
-    a multiple k lets a clipped contribution count k times over. Honest peers of a round differ in weight by the
-    steps a fast one took past H while waiting; above the median they count as the median peer, and the steps
-    they took still show in their contribution's larger norm.
-    """
-    cap = sorted(weights)[(len(weights) - 1) // 2]
-    return [min(w, cap) for w in weights]
 
 
 def lower_median(stacked: torch.Tensor) -> torch.Tensor:
@@ -59,19 +48,23 @@ def lower_median(stacked: torch.Tensor) -> torch.Tensor:
 
 def centered_clip(parts: list[torch.Tensor], weights: list[float], tau: float = 0.0,
                   iterations: int = 3) -> torch.Tensor:
-    """CenteredClip from the coordinate-wise median, weights capped at the median weight (:func:`capped_weights`)."""
+    """CenteredClip from the coordinate-wise median, each peer weighted by the work its contribution shows and
+    clipped at ``tau`` times its :func:`~cotrain.averaging.work.radius_scales` (a fast node's longer
+    pseudo-gradient is its work: clipped to the median's length, its steps would be lost)."""
     if len(parts) == 1:
         return parts[0].clone()
     stacked = torch.stack(parts)
-    w = torch.tensor(capped_weights(weights), dtype=stacked.dtype)
+    credited = credited_weights(parts, weights)
+    w = torch.tensor(credited, dtype=stacked.dtype)
     w = w / w.sum()
     v = lower_median(stacked)
     if tau <= 0:
         tau = float((stacked - v).norm(dim=1).median()) or 1e-12
+    taus = tau * torch.tensor(radius_scales(credited), dtype=stacked.dtype)
     for _ in range(iterations):
         diff = stacked - v
         norms = diff.norm(dim=1).clamp_min(1e-12)
-        scale = (tau / norms).clamp(max=1.0)
+        scale = (taus / norms).clamp(max=1.0)
         v = v + (w * scale) @ diff
     return v
 
@@ -81,13 +74,14 @@ def clipped_mean(parts: list[torch.Tensor], weights: list[float], multiple: floa
 
     The reducer sees one part of every groupmate's contribution; ``m`` is the *lower* median of those parts' norms
     (the ceil(n/2)-th smallest, an actual norm, not the average of the two middle ones), each part ``x_i`` becomes
-    ``x_i * min(1, multiple * m / |x_i|)`` and each weight is capped at the median weight (:func:`capped_weights`:
-    at 2 x the median weight, a clipped sign flip in a group of 5 would already cancel four aligned honest peers).
-    When nothing is clipped or capped the result is exactly :func:`weighted_mean`'s. The median counts peers, not
+    ``x_i * min(1, multiple * m * r_i / |x_i|)``, where ``r_i`` is ``sqrt`` of its credited weight over the median
+    weight (:mod:`cotrain.averaging.work`: 1 for a peer whose pseudo-gradient does not show more work than the
+    median's; a sign flip claiming twice the median weight would otherwise cancel four aligned honest peers in a
+    group of 5). When nothing is clipped or credited down the result is exactly :func:`weighted_mean`'s. The median counts peers, not
     weights, so a peer cannot move it by claiming a large weight.
 
     What it guarantees. Every clipped part has norm at most ``multiple * m``, so the result does too, and one
-    contribution moves the result by at most its capped weight share times ``multiple * m``, however large it is
+    contribution moves the result by at most its credited weight share times ``multiple * m``, however large it is
     (x10 and x1000 give the same result): ``multiple * m / n`` in a group of n equal weights. While at most half the
     group misbehaves, ``m`` lies at or below the largest honest norm (and, with fewer than half, at or above the
     smallest). With a group of 1 it is the mean; with 2 peers ``m`` is the smaller norm: the other cannot raise it,
@@ -116,13 +110,14 @@ def clipped_mean(parts: list[torch.Tensor], weights: list[float], multiple: floa
         return parts[0].clone()
     norms = [float(torch.linalg.vector_norm(p, dtype=torch.float64)) for p in parts]
     bound = multiple * sorted(norms)[(n - 1) // 2]
-    scales = [1.0 if norm <= bound else bound / norm for norm in norms]  # a zero norm is never clipped
-    capped = capped_weights(weights)
-    if all(s == 1.0 for s in scales) and capped == list(weights):
+    credited = credited_weights(parts, weights)
+    bounds = [bound * r for r in radius_scales(credited)]
+    scales = [1.0 if norm <= b else b / norm for norm, b in zip(norms, bounds)]  # a zero norm is never clipped
+    if all(s == 1.0 for s in scales) and credited == [float(w) for w in weights]:
         return weighted_mean(parts, weights)
-    total = sum(capped)
+    total = sum(credited)
     out = torch.zeros_like(parts[0])
-    for p, w, s in zip(parts, capped, scales):
+    for p, w, s in zip(parts, credited, scales):
         out.add_(p, alpha=w / total * s)
     return out
 

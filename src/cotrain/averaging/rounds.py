@@ -42,8 +42,8 @@ from cotrain.averaging.allreduce import (AllReduceFailed, butterfly_allreduce, c
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.ledger import SPEEDUP_BOUND, Ledger, agreed_count, said_counts
 from cotrain.averaging.groups import (Meeting, group_of, hold_meeting, host_key, host_of, kept_group, meeting_key,
-                                     meeting_piece_bound, plan_arrival_groups, plan_groups)
-from cotrain.averaging.outcome import (Kind, RoundResult, majority_holders, members_of, others_samples,
+                                     MAX_ROSTER_MEMBERS, meeting_piece_bound, plan_arrival_groups, plan_groups)
+from cotrain.averaging.outcome import (Kind, RoundResult, credited_samples, majority_holders, members_of,
                                        round_outcome)
 from cotrain.averaging.overlap import PendingRound
 from cotrain.averaging.robust import build_aggregator
@@ -146,7 +146,7 @@ class RoundAverager(abc.ABC):
                  cfg: AveragingConfig, compression: CompressionConfig, peer_id: str, grad_clip: float,
                  client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0, record_key=None,
                  attack: str = "", *, admission: Admission, step_samples: int = 0,
-                 outer_lr_at: Optional[Callable[[float], float]] = None):
+                 outer_lr_at: Optional[Callable[[float], float]] = None, overclaim: float = 1.0):
         self.model, self.optimizer, self.dht, self.cfg, self.run_id = model, optimizer, dht, cfg, run_id
         #: nobody can dial this peer: it reduces no part of an all-reduce (its groupmates behind NAT could not
         #: fetch it)
@@ -174,6 +174,8 @@ class RoundAverager(abc.ABC):
         self.aggregator = (None if compression.kind == "sparse" else  # the sparse all-gather aggregates itself
                            build_aggregator(cfg.aggregation, cfg.trim_fraction, cfg.clip_tau, cfg.clip_multiple))
         self.attack = make_attack(attack, seed) if attack else None
+        #: a bench's liar: it says this many times the samples it trained on (honest peers: 1)
+        self.overclaim = max(1.0, float(overclaim))
         self.round = 0
         #: DHT time this peer came to its round (published as PeerProgress.since: a sharded board's groups are cut
         #: in the order the peers came)
@@ -769,7 +771,8 @@ class RoundAverager(abc.ABC):
     def _launch(self, contribution: list[torch.Tensor], early: bool, seen: int) -> PendingRound:
         """The round as it ends here: its counters, its clock and the counts this peer says at the meeting."""
         return PendingRound(self.round, self.steps_in_round, self.samples_in_round, self.reached_h_at, contribution,
-                            early, seen, clock=self.clock, swarm=self.swarm_view(), contributed=self.contributed)
+                            early, seen, clock=self.clock, swarm=self.swarm_view(), contributed=self.contributed,
+                            claimed=int(min(self.samples_in_round * self.overclaim, 1 << 40)))
 
     def _result_of(self, pending: PendingRound) -> RoundResult:
         try:
@@ -785,9 +788,10 @@ class RoundAverager(abc.ABC):
         self.phase = "train"
         self.stats.meet_s += result.meet_s
         self.stats.allreduce_s += result.allreduce_s
-        added = launch.samples + result.others_samples  # the group's samples: the same figure on every member
+        added = result.samples  # the group's samples as credited: the same figure on every member
         if result.kind in (Kind.APPLY, Kind.RESYNC):  # our samples are in the group's average either way
-            self._count_own(launch.samples)
+            self._count_own(dict(result.contributed).get(self.peer_id, launch.contributed + launch.samples)
+                            - launch.contributed)  # our samples as the group credited them
             self._observe_counts((peer, launch.round + 1, count) for peer, count in result.contributed
                                  if peer != self.peer_id)
             if result.kind is Kind.RESYNC:  # the state it downloads next brings its count; should that fail, this
@@ -857,7 +861,7 @@ class RoundAverager(abc.ABC):
         if planned is None:
             return None, "no group of two on the board", False
         members, host = planned
-        mine = Meeting(launch.round, host_key(launch.round, host), launch.samples, self._hash,
+        mine = Meeting(launch.round, host_key(launch.round, host), launch.claimed, self._hash,
                        not self.client_mode, self.admission.credential(), attempt=self._meetings_held - 1,
                        swarm=launch.swarm, contributed=launch.contributed)
         others = [m for m in members if m != self.peer_id]
@@ -907,7 +911,7 @@ class RoundAverager(abc.ABC):
         self.averager.set_group_bits(round_group_bits(launch.round), wait=True)
         try:
             gathered = self.averager.step(
-                weight=weight, gather=dict(round=launch.round, samples=launch.samples, hash=self._hash,
+                weight=weight, gather=dict(round=launch.round, samples=launch.claimed, hash=self._hash,
                                            cred=self.admission.credential(), reducer=not self.client_mode,
                                            swarm=launch.swarm, contributed=launch.contributed),
                 timeout=self.cfg.matchmaking_time * 2 + self.cfg.request_timeout, allow_retries=False)
@@ -923,7 +927,7 @@ class RoundAverager(abc.ABC):
     def _run_round(self, launch: PendingRound) -> RoundResult:
         """Form the round's group and run its all-reduce (on the averaging thread with overlap): everything but
         changing the model, which the main thread does with the result (:meth:`_finish_round`)."""
-        weight = float(max(1, launch.samples))
+        weight = float(max(1, launch.claimed))
         started = time.monotonic()
         board = self.cfg.group_formation == "board_only" or (self.cfg.group_formation == "board"
                                                               and self._met_round != launch.round)
@@ -955,16 +959,16 @@ class RoundAverager(abc.ABC):
         tag = group_tag(f"r{launch.round}", [str(p) for p in group])
         me = next(p for p in group if str(p) == self.peer_id)
         reducers = [info.get(str(p), {}).get("reducer", True) is not False for p in group]
-        info.setdefault(self.peer_id, dict(hash=self._hash, samples=launch.samples, swarm=launch.swarm,
+        info.setdefault(self.peer_id, dict(hash=self._hash, samples=launch.claimed, swarm=launch.swarm,
                                            contributed=launch.contributed))
         # every member sees the same hashes at the meeting, so all of them average the states, or none
         differ = len({str(v.get("hash")) for v in info.values()}) > 1
         state = None
         try:
             if by_host:
-                average, complete = hosting.average(hosted_result, len(group))
+                average, complete, credits = hosting.average(hosted_result, [str(p) for p in group])
             else:
-                average, complete = self._allreduce(launch.contribution, tag, group, me, weight, reducers)
+                average, complete, credits = self._allreduce(launch.contribution, tag, group, me, weight, reducers)
             if self.cfg.state_averaging and differ:
                 state = self._average_states(f"{tag}-state", group, me, reducers)
         except AllReduceFailed as e:
@@ -974,8 +978,9 @@ class RoundAverager(abc.ABC):
         if state is not None and kind is Kind.RESYNC:  # the states were averaged: nothing to download
             kind, reason = Kind.APPLY, f"averaged with {len(group) - 1} peer(s), and our states"
         donors = tuple(p for p in majority_holders(info) if p != self.peer_id) if kind is Kind.RESYNC else ()
-        views, contributed = said_counts(info)
-        return RoundResult(kind, reason, average, len(group), partial, others_samples(self.peer_id, info),
+        samples = credited_samples(info, credits)
+        views, contributed = said_counts(info, samples)
+        return RoundResult(kind, reason, average, len(group), partial, sum(samples.values()),
                            members_of(group, self.peer_id), from_board, meet_s=met - started,
                            allreduce_s=time.monotonic() - met, state=state, donors=donors,
                            hosted=by_host, swarm=agreed_count(views), contributed=tuple(contributed.items()))
@@ -993,10 +998,12 @@ class RoundAverager(abc.ABC):
         return _unflatten(result.average, like)
 
     def _allreduce(self, contribution: list[torch.Tensor], tag: str, group, me, weight: float,
-                   reducers: Sequence[bool]):
+                   reducers: Sequence[bool]) -> tuple[list[torch.Tensor], bool, dict[str, float]]:
+        """-> (the group's average shaped like ``contribution``, whether every member's contribution was in it, each
+        member's credited weight: :mod:`cotrain.averaging.work`)."""
         timeout = self.cfg.allreduce_timeout
         if self.powersgd is not None:
-            complete = True
+            complete, credits = True, []
 
             def reduce(vector: torch.Tensor, phase: str) -> torch.Tensor:
                 nonlocal complete
@@ -1005,13 +1012,15 @@ class RoundAverager(abc.ABC):
                 result = butterfly_allreduce(self.exchange, f"{tag}-{phase}", group, me, vector, weight, self.codec,
                                              timeout, self.aggregator, reducers, self.cfg.min_part_values)
                 complete = complete and result.complete
+                credits.append(result.credits)
                 self._flag(result.dropped)
                 return result.average
 
             average = self.powersgd.reduce(contribution, reduce)
             if self.outer_feedback and self.feedback_in_params:  # its error waits in the local model instead
                 self.residual = self.powersgd.take_error()
-            return average, complete
+            # every phase credits each member; the least it was credited with counts
+            return average, complete, {name: min(c.get(name, 0.0) for c in credits) for name in credits[0]}
         flat, sent, use_feedback = self._prepared(contribution)
         if isinstance(self.codec, SparseLowBit):
             result = sparse_allgather(self.exchange, tag, group, me, sent, weight, self.codec, timeout,
@@ -1021,7 +1030,7 @@ class RoundAverager(abc.ABC):
                                          self.aggregator, reducers, self.cfg.min_part_values)
         self._flag(result.dropped)
         self._took_feedback(contribution, flat, result.sent, use_feedback)
-        return _unflatten(result.average, contribution), result.complete
+        return _unflatten(result.average, contribution), result.complete, result.credits
 
     def _prepared(self, contribution: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """A one-pass codec's round: ``contribution`` flat with the error fed back, and what this peer sends (the
@@ -1149,18 +1158,19 @@ class _Hosting:
 
     @staticmethod
     def max_rest_of(numel: int) -> int:
-        return 8 + encoded_bound(numel)
+        return 8 + 8 * MAX_ROSTER_MEMBERS + encoded_bound(numel)  # a contribution, or a result with its credits
 
     def reduce(self, pieces: dict[str, bytes]) -> bytes:
         return hosted_reduce(pieces, self.numel, self.averager.codec, self.averager.aggregator, self.dropped)
 
-    def average(self, result: bytes, group_size: int) -> tuple[list, bool]:
-        """The host's result -> (the average shaped like the contribution, whether every member's was in it), and
-        the error compression left out kept for the next round. Raises AllReduceFailed for a result that is none."""
-        count, average = hosted_average(result, self.numel, self.averager.codec)
+    def average(self, result: bytes, group: Sequence[str]) -> tuple[list, bool, dict[str, float]]:
+        """The host's result for ``group`` (every member's id) -> (the average shaped like the contribution, whether
+        every member's was in it, each member's credited weight), and the error compression left out kept for the
+        next round. Raises AllReduceFailed for a result that is none."""
+        count, average, credits = hosted_average(result, group, self.numel, self.averager.codec)
         flat, decoded, use_feedback, _ = self._sent
         self.averager._took_feedback(self.contribution, flat, decoded, use_feedback)
-        return _unflatten(average, self.contribution), count == group_size
+        return _unflatten(average, self.contribution), count == len(group), credits
 
 
 def admitted_group(gathered, info: dict, me: str, admission: Admission) -> list:

@@ -1,0 +1,91 @@
+"""A contribution's weight as far as its work shows: a fast node counts for its samples, a lie about them for nothing.
+
+A peer says how many samples it trained on in the round, and the group's average weights its pseudo-gradient by
+that figure. Nothing checks the figure itself (issue 46's verification will); what the reducer can check is whether
+the contribution looks like that much work. Pseudo-gradients of one round start from the same parameters and take
+steps of the same lr, so their displacement grows with the steps taken: about as the square root of the steps,
+like a random walk's (the default LSTM, 20x the steps of its groupmates: 4.1x their norm from the start, 4.5x after
+400 steps; 10x the steps: 3.1-3.2x). So a contribution of norm ``r`` times the group's median norm shows about
+``r**2`` times the median's work, and is credited with at most :data:`SLACK` times that (:func:`credited_weights`).
+
+- A node that trained k times the median's samples sends a pseudo-gradient about ``sqrt(k)`` times as long: it is
+  credited about k, and the aggregators do not clip it back (their radius grows with ``sqrt(credit)``,
+  :func:`radius_scales`), so the outer step follows its longer path as a weighted mean would.
+- A node that claims 1,000x (or 10^9) with an ordinary pseudo-gradient is credited as the median peer.
+- A contribution that points away from its groupmates' (its cosine with their coordinate-wise median is not
+  positive: a sign flip, noise) is credited at most the median weight, whatever its norm.
+- No contribution is credited more than :data:`MAX_SPEEDUP` times the median weight.
+
+What this cannot tell apart: a peer that scales an honest pseudo-gradient by s and claims s**2 its samples looks
+like a fast node, and is credited as one, up to ``MAX_SPEEDUP`` (it pulls the result by at most
+``sqrt(MAX_SPEEDUP)`` times the median norm, as a clipped mean with that multiple would). Telling them apart takes
+a loss or a replay of its steps.
+
+The credits travel with the reduced parts (:mod:`cotrain.averaging.allreduce`), so every member learns the same
+credited samples of every groupmate, and the swarm's clock counts those, not the claims.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+#: how much more work than its norm shows a contribution is credited with. Honest norms at equal steps vary by
+#: 10-15% (1.2-1.3x squared), and the square-root law slightly under-counts long runs of steps (20x the steps: 4.1x
+#: the norm, 17x squared)
+SLACK = 1.5
+#: no contribution counts for more than this many median contributions (a GPU next to CPUs is tens of times faster)
+MAX_SPEEDUP = 64.0
+
+
+def lower_median_of(values: Sequence[float]) -> float:
+    """The lower of the two middle values (an actual value; a member cannot move it by claiming a large one)."""
+    return sorted(values)[(len(values) - 1) // 2]
+
+
+def credited_weights(parts: Sequence[torch.Tensor], weights: Sequence[float],
+                     max_speedup: float = MAX_SPEEDUP) -> list[float]:
+    """Each contribution's claimed weight, bounded by the work its norm and direction show (see the module). A
+    weight at or below the group's (lower) median weight is kept as claimed; above it, at most the median weight
+    times ``SLACK * (norm / median norm) ** 2``, times 1 when the contribution does not point the group's way, and
+    never more than ``max_speedup``. Idempotent: crediting credited weights changes nothing."""
+    n = len(parts)
+    weights = [float(w) for w in weights]
+    if n < 2:
+        return weights
+    median_w = lower_median_of(weights)
+    norms = [float(torch.linalg.vector_norm(p, dtype=torch.float64)) for p in parts]
+    median_n = lower_median_of(norms)
+    out = []
+    for i, w in enumerate(weights):
+        if w <= median_w:
+            out.append(w)
+            continue
+        ratio = norms[i] / median_n if median_n > 0 else 1.0
+        evidence = min(max_speedup, max(1.0, SLACK * ratio * ratio))
+        if evidence > 1.0 and not _points_the_groups_way(parts, i):
+            evidence = 1.0
+        out.append(min(w, median_w * evidence))
+    return out
+
+
+def radius_scales(weights: Sequence[float]) -> list[float]:
+    """How far a clip may let each contribution reach, in units of the group's radius: ``sqrt`` of its weight
+    over the median weight, at least 1 (a contribution of k times the median's work is about ``sqrt(k)`` times as
+    long; clipping it to the median's length would throw its work away)."""
+    median_w = lower_median_of(weights)
+    if median_w <= 0:
+        return [1.0] * len(weights)
+    return [max(1.0, math.sqrt(w / median_w)) for w in weights]
+
+
+def _points_the_groups_way(parts: Sequence[torch.Tensor], i: int) -> bool:
+    """Whether contribution ``i`` has a positive cosine with the coordinate-wise median of the others (for an even
+    count the mean of the two middle values: the lower one alone is biased low, and two honest pseudo-gradients'
+    minimum points away from both)."""
+    others = torch.stack([p for j, p in enumerate(parts) if j != i]).sort(dim=0).values
+    m = len(others)
+    reference = others[m // 2] if m % 2 else (others[m // 2 - 1] + others[m // 2]) / 2
+    return float(torch.dot(parts[i].double().reshape(-1), reference.double().reshape(-1))) > 0.0

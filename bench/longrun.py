@@ -38,7 +38,8 @@ by a few percent from one work unit to the next, the plain loop's too).
 
 JSON: ``{"samples": int, "runs": [{"name", "device", "curve": [[samples, val_bpc], ...], "best_val_bpc",
 "final_val_bpc", "smoothed_final_over_best", "samples", "wall_s", "vs_plain", "nodes": [...], for cotrain_hetero
-and cotrain_fast20 "fast_node_samples", "vs_fast_node_alone", for the liars "vs_cotrain_3"}], "config": str}``.
+and cotrain_fast20 "fast_node_samples", "vs_fast_node_alone", for the liars "trained_samples" (their nodes'
+samples: the curve's count is the swarm's, as credited) and "vs_cotrain_3" there}], "config": str}``.
 """
 
 from __future__ import annotations
@@ -268,7 +269,10 @@ def report(runs: list, samples: int, device: str) -> None:
         r["vs_plain"] = round(r["final_val_bpc"] / ref, 4) if ref else None
         three = next((x for x in runs if x["name"] == "cotrain_3"), None)
         if r["name"] in LIARS and three:
-            clean = at_samples(three["curve"], r["samples"])
+            # at the samples the nodes trained: the liar's curve counts what the swarm credited, slightly more
+            trained = sum(int(n.get("samples_local") or 0) for n in r["nodes"])
+            clean = at_samples(three["curve"], trained)
+            r["trained_samples"] = trained
             r["vs_cotrain_3"] = round(r["final_val_bpc"] / clean, 4) if clean else None
         if r["name"] in SLOWED and plain:
             # the fast node training alone for the same time would have trained its own samples only: the plain

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from cotrain.averaging.overlap import carry_local_progress
+from cotrain.averaging.reduction import Feedback
 from cotrain.averaging.rounds import RoundAverager
 
 
@@ -36,18 +37,19 @@ class DiLoCo(RoundAverager):
                 self.outer.state[p]["momentum_buffer"] = buf
         super().__init__(model, optimizer, dht, run_id, cfg, compression, peer_id, grad_clip, client_mode, seed,
                          upload_bps, **options)
+
+    @classmethod
+    def feedback_of(cls, cfg) -> Feedback:
         # error feedback through the parameters: after a round the local model restarts from the new global
         # parameters *plus its own progress that the codec did not send* (global - local = the unsent residual),
-        # so the next pseudo-gradient carries it and the local model does not have to learn it again
-        self.feedback_in_params = cfg.outer == "nesterov" or cfg.error_buffer == "model"
-        if cfg.outer == "error_feedback":
-            # SparseLoCo: what this node did not send is decayed each round and sent later, in place of the outer
-            # momentum; the outer step is plain SGD. It waits in the local model (error_buffer "model": the model
-            # restarts from global - decay x unsent) or apart (error_buffer "separate": from the global parameters)
-            self.outer_feedback = True
-            self.feedback_decay = cfg.error_decay
-            if self.powersgd is not None:
-                self.powersgd.decay = cfg.error_decay
+        # so the next pseudo-gradient carries it and the local model does not have to learn it again.
+        # outer = "error_feedback" (SparseLoCo): what this node did not send is decayed each round and sent later, in
+        # place of the outer momentum; the outer step is plain SGD. It waits in the local model (error_buffer
+        # "model": the model restarts from global - decay x unsent) or apart (error_buffer "separate": from the
+        # global parameters)
+        outer = cfg.outer == "error_feedback"
+        return Feedback(in_params=cfg.outer == "nesterov" or cfg.error_buffer == "model", outer=outer,
+                        decay=cfg.error_decay if outer else 1.0)
 
     def shared_tensors(self):
         return self.global_params + self.momentum
@@ -64,14 +66,14 @@ class DiLoCo(RoundAverager):
             g.grad = d.to(g.device, g.dtype).clone()
         self.outer.step()
         self.outer.zero_grad(set_to_none=True)
-        residual, self.residual = self.residual, None
+        residual = self.reduction.take_residual()
         if carried is not None:  # overlap: the local steps taken since the round was launched are kept
             carry_local_progress(self.params, carried.held, self.global_params)
         for i, (p, g) in enumerate(zip(self.params, self.global_params)):
             if carried is None:
                 p.copy_(g)
             if residual is not None:
-                p.sub_(residual[i].to(p.device, p.dtype), alpha=self.feedback_decay)
+                p.sub_(residual[i].to(p.device, p.dtype), alpha=self.reduction.feedback.decay)
 
     def set_outer_lr_factor(self, factor: float) -> None:
         self.outer.param_groups[0]["lr"] = self.cfg.outer_lr * factor

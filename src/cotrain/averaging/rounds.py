@@ -35,23 +35,19 @@ from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from cotrain.averaging.admission import Admission
-from cotrain.averaging.attacks import make_attack
-from cotrain.averaging.allgather import sparse_allgather
-from cotrain.averaging.allreduce import (AllReduceFailed, butterfly_allreduce, contribution_piece, encoded_bound,
-                                        group_tag, hosted, hosted_average, hosted_reduce, weighted_mean)
+from cotrain.averaging.allreduce import AllReduceFailed, group_tag
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.ledger import SPEEDUP_BOUND, Ledger, agreed_count, said_counts
 from cotrain.averaging.groups import (Meeting, group_of, hold_meeting, host_key, host_of, kept_group, meeting_key,
-                                     MAX_ROSTER_MEMBERS, meeting_piece_bound, plan_arrival_groups, plan_groups)
+                                     meeting_piece_bound, plan_arrival_groups, plan_groups)
 from cotrain.averaging.outcome import (Kind, RoundResult, credited_samples, majority_holders, members_of,
                                        round_outcome)
 from cotrain.averaging.overlap import PendingRound
-from cotrain.averaging.robust import build_aggregator
+from cotrain.averaging.reduction import Feedback, Hosting, Reduction
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, board_steady,
                                         groups_split, live_peers, round_decision, round_peers)
 from cotrain.averaging.state import STATE_KEY, Progress, StateHash, download_state, pick_donors
 from cotrain.checkpoint import Checkpoint, encode_checkpoint, named_state, shared_tensors_of
-from cotrain.compression import NoCompression, PowerSGD, SparseLowBit, make_codec
 from cotrain.config import AveragingConfig, CompressionConfig
 from cotrain.optim.schedule import RoundClock
 from cotrain.outage import Outage, Repeats
@@ -155,25 +151,6 @@ class RoundAverager(abc.ABC):
         self.params = [p for p in model.parameters()]
         self.param_names = [n for n, _ in model.named_parameters()]
         self._lock = threading.Lock()  # the shared state is read by hivemind's thread when a peer downloads it
-        if compression.kind == "sparse":
-            self.codec = SparseLowBit([p.numel() for p in self.params], compression.sparse_chunk,
-                                      compression.sparse_topk, compression.sparse_bits)
-        else:
-            self.codec = make_codec(compression.kind if compression.kind != "powersgd" else "none",
-                                    compression.topk_fraction, compression.block)
-        self.powersgd = (PowerSGD([p.shape for p in self.params], compression.powersgd_rank, seed)
-                         if compression.kind == "powersgd" else None)
-        self.error: Optional[torch.Tensor] = None  # error feedback for lossy codecs
-        self.residual: Optional[list[torch.Tensor]] = None  # this round's unsent part, for strategies that keep it
-        #: keep what a lossy codec did not send in the local model (DiLoCo) rather than in a separate buffer
-        self.feedback_in_params = False
-        #: the error-feedback buffer is the outer optimizer's memory (DiLoCo with outer = "error_feedback"): kept
-        #: for every codec, lossless ones too, and multiplied by ``feedback_decay`` before each round's send
-        self.outer_feedback = False
-        self.feedback_decay = 1.0
-        self.aggregator = (None if compression.kind == "sparse" else  # the sparse all-gather aggregates itself
-                           build_aggregator(cfg.aggregation, cfg.trim_fraction, cfg.clip_tau, cfg.clip_multiple))
-        self.attack = make_attack(attack, seed) if attack else None
         #: a bench's liar: it says this many times the samples it trained on (honest peers: 1)
         self.overclaim = max(1.0, float(overclaim))
         self.round = 0
@@ -249,15 +226,22 @@ class RoundAverager(abc.ABC):
         # a round publishes under up to four tags (its meeting, PowerSGD's two phases, the states): two rounds' worth
         self.exchange = Exchange(dht, f"{run_id}_exchange", admission, keep_tags=8,
                                  limiter=UploadLimiter(upload_bps) if upload_bps else None)
+        #: what the round's contributions go through on the wire, and what compression left out of them
+        self.reduction = Reduction(self.exchange, cfg, compression, [p.shape for p in self.params],
+                                   self.feedback_of(cfg), seed, attack)
         self.exchange.provide(STATE_KEY, self.state_bytes)
         #: a meeting's members join its host with their meetings (a hosted round's contribution riding on them)
-        numel = sum(p.numel() for p in self.params)
-        self.exchange.max_deposit_bytes = meeting_piece_bound(_Hosting.max_rest_of(numel) if self._hosts(numel) else 0)
+        self.exchange.max_deposit_bytes = meeting_piece_bound(self.reduction.deposit_bound())
         #: the hash of shared_tensors(), computed in the background after every change (see _apply_and_advance)
         self._state_hash = StateHash(self.shared_tensors())
         self._publisher.start()
 
     # ---- what subclasses define ----------------------------------------------------------------------------------
+    @classmethod
+    def feedback_of(cls, cfg: AveragingConfig) -> Feedback:
+        """Where the strategy keeps what compression left out of its contributions (:class:`Feedback`)."""
+        return Feedback()
+
     @abc.abstractmethod
     def shared_tensors(self) -> list[torch.Tensor]:
         """Tensors every peer of a round holds identically (downloaded by joiners)."""
@@ -404,7 +388,8 @@ class RoundAverager(abc.ABC):
 
     # ---- shared state --------------------------------------------------------------------------------------------
     def _all_shared(self) -> list[torch.Tensor]:
-        extra = self.powersgd.state_tensors() if self.powersgd else []
+        powersgd = self.reduction.powersgd
+        extra = powersgd.state_tensors() if powersgd else []
         return self.shared_tensors() + extra
 
     @property
@@ -452,8 +437,8 @@ class RoundAverager(abc.ABC):
             if params_only:
                 for extra in self.shared_tensors()[len(self.params):]:
                     extra.zero_()
-                if self.powersgd is not None:
-                    self.powersgd.reset()
+                if self.reduction.powersgd is not None:
+                    self.reduction.powersgd.reset()
             self.round = int(metadata["round"])
             self.round_since = float(get_dht_time())
             self.samples_total = int(metadata.get("samples_total", 0))
@@ -466,7 +451,7 @@ class RoundAverager(abc.ABC):
             self.load_shared_metadata(metadata)
         self.after_shared_change()
         self.discard_round()
-        self.error = None
+        self.reduction.error = None
         self._state_hash.update(self.shared_tensors())
         self._start_round(mid_round=True)
         logger.info("took the shared state of round %d (state %s)", self.round, self._hash)
@@ -845,7 +830,7 @@ class RoundAverager(abc.ABC):
         """Overlap: the round did not happen; undo :meth:`hold_round`, keeping the steps taken since."""
 
     def _meet(self, launch: PendingRound,
-              hosting: Optional["_Hosting"] = None) -> tuple[Optional[tuple[list, dict, bytes]], str, bool]:
+              hosting: Optional[Hosting] = None) -> tuple[Optional[tuple[list, dict, bytes]], str, bool]:
         """Form this round's group from the progress board (cotrain.averaging.groups): plan the groups of the peers
         at this round, and meet the others at the group's host (groups.hold_meeting: the host decides who goes).
         -> ((group, info by peer id, the host's result), "", False) when they go; (None, why, disagreed) when not:
@@ -931,7 +916,7 @@ class RoundAverager(abc.ABC):
         started = time.monotonic()
         board = self.cfg.group_formation == "board_only" or (self.cfg.group_formation == "board"
                                                               and self._met_round != launch.round)
-        hosting = self._hosting(launch.contribution, weight) if board else None
+        hosting = self.reduction.hosting(launch.contribution, weight) if board else None
         formed, why, disagreed = self._meet(launch, hosting) if board else (None, "", False)
         from_board = formed is not None
         if formed is None and launch.early:
@@ -952,9 +937,9 @@ class RoundAverager(abc.ABC):
         group, info, hosted_result = formed
         # the host reduced at the meeting: its result came with the roster
         by_host = hosting is not None and from_board
-        if by_host:
-            self._flag(hosting.dropped)
         if len(group) < 2:
+            if by_host:
+                self._flag(hosting.dropped)
             return RoundResult(Kind.FAILED, "no admitted groupmate", meet_s=met - started)
         tag = group_tag(f"r{launch.round}", [str(p) for p in group])
         me = next(p for p in group if str(p) == self.peer_id)
@@ -966,12 +951,20 @@ class RoundAverager(abc.ABC):
         state = None
         try:
             if by_host:
-                average, complete, credits = hosting.average(hosted_result, [str(p) for p in group])
+                reduced = hosting.average(hosted_result, [str(p) for p in group])
             else:
-                average, complete, credits = self._allreduce(launch.contribution, tag, group, me, weight, reducers)
+                reduced = self.reduction.allreduce(launch.contribution, tag, group, me, weight, reducers)
+            self._flag(reduced.dropped)
+            average, complete, credits = reduced.average, reduced.complete, reduced.credits
             if self.cfg.state_averaging and differ:
-                state = self._average_states(f"{tag}-state", group, me, reducers)
+                with self._lock:
+                    like = [t.detach().cpu().clone() for t in self._all_shared()]
+                states = self.reduction.average_states(like, f"{tag}-state", group, me, reducers)
+                self._flag(states.dropped)
+                state = states.average
         except AllReduceFailed as e:
+            if by_host:
+                self._flag(hosting.dropped)
             return RoundResult(Kind.FAILED, f"all-reduce failed ({e})", meet_s=met - started,
                                allreduce_s=time.monotonic() - met)
         kind, partial, reason = round_outcome(self.peer_id, self._hash, info, complete, launch.seen)
@@ -984,84 +977,6 @@ class RoundAverager(abc.ABC):
                            members_of(group, self.peer_id), from_board, meet_s=met - started,
                            allreduce_s=time.monotonic() - met, state=state, donors=donors,
                            hosted=by_host, swarm=agreed_count(views), contributed=tuple(contributed.items()))
-
-    def _average_states(self, tag: str, group, me, reducers: Sequence[bool]) -> list[torch.Tensor]:
-        """averaging.state_averaging: the group's mean of its members' shared states, losslessly (each member
-        counts once, whatever its samples; the run's robust aggregator holds off a member sending a wrecked one)."""
-        with self._lock:
-            like = [t.detach().cpu().clone() for t in self._all_shared()]
-        flat = torch.cat([t.float().reshape(-1) for t in like])
-        result = butterfly_allreduce(self.exchange, tag, group, me, flat, 1.0, NoCompression(),
-                                     self.cfg.allreduce_timeout, self.aggregator or weighted_mean, reducers,
-                                     self.cfg.min_part_values)
-        self._flag(result.dropped)
-        return _unflatten(result.average, like)
-
-    def _allreduce(self, contribution: list[torch.Tensor], tag: str, group, me, weight: float,
-                   reducers: Sequence[bool]) -> tuple[list[torch.Tensor], bool, dict[str, float]]:
-        """-> (the group's average shaped like ``contribution``, whether every member's contribution was in it, each
-        member's credited weight: :mod:`cotrain.averaging.work`)."""
-        timeout = self.cfg.allreduce_timeout
-        if self.powersgd is not None:
-            complete, credits = True, []
-
-            def reduce(vector: torch.Tensor, phase: str) -> torch.Tensor:
-                nonlocal complete
-                if self.attack is not None:
-                    vector = self.attack(vector)
-                result = butterfly_allreduce(self.exchange, f"{tag}-{phase}", group, me, vector, weight, self.codec,
-                                             timeout, self.aggregator, reducers, self.cfg.min_part_values)
-                complete = complete and result.complete
-                credits.append(result.credits)
-                self._flag(result.dropped)
-                return result.average
-
-            average = self.powersgd.reduce(contribution, reduce)
-            if self.outer_feedback and self.feedback_in_params:  # its error waits in the local model instead
-                self.residual = self.powersgd.take_error()
-            # every phase credits each member; the least it was credited with counts
-            return average, complete, {name: min(c.get(name, 0.0) for c in credits) for name in credits[0]}
-        flat, sent, use_feedback = self._prepared(contribution)
-        if isinstance(self.codec, SparseLowBit):
-            result = sparse_allgather(self.exchange, tag, group, me, sent, weight, self.codec, timeout,
-                                      self.cfg.aggregation, self.cfg.clip_multiple, reducers)
-        else:
-            result = butterfly_allreduce(self.exchange, tag, group, me, sent, weight, self.codec, timeout,
-                                         self.aggregator, reducers, self.cfg.min_part_values)
-        self._flag(result.dropped)
-        self._took_feedback(contribution, flat, result.sent, use_feedback)
-        return _unflatten(result.average, contribution), result.complete, result.credits
-
-    def _prepared(self, contribution: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """A one-pass codec's round: ``contribution`` flat with the error fed back, and what this peer sends (the
-        attack of a Byzantine bench applied) -> (flat, sent, whether error feedback is on)."""
-        flat = torch.cat([c.detach().float().cpu().reshape(-1) for c in contribution])
-        use_feedback = ((self.codec.lossy or self.outer_feedback) and self.compression.error_feedback
-                        and self.attack is None)
-        if use_feedback and self.error is not None:
-            flat = flat + self.feedback_decay * self.error
-        sent = self.attack(flat) if self.attack is not None else flat
-        return flat, sent, use_feedback
-
-    def _took_feedback(self, contribution: list[torch.Tensor], flat: torch.Tensor, decoded: torch.Tensor,
-                       use_feedback: bool) -> None:
-        """The round went through: keep what compression left out of ``flat`` (``decoded``: it as the reducers
-        decoded it) for the next round."""
-        if use_feedback and self.feedback_in_params:
-            self.residual = _unflatten(flat - decoded, contribution)
-        elif use_feedback:
-            self.error = flat - decoded
-
-    def _hosting(self, contribution: list[torch.Tensor], weight: float) -> Optional["_Hosting"]:
-        """This round's all-reduce rides with the board's meeting (:func:`~cotrain.averaging.allreduce.hosted`: a
-        vector the butterfly would give one reducer, a one-pass codec) -> what the meeting carries; else None."""
-        numel = sum(c.numel() for c in contribution)
-        return _Hosting(contribution, numel, weight, self) if self._hosts(numel) else None
-
-    def _hosts(self, numel: int) -> bool:
-        """Whether a contribution of ``numel`` values rides with the meeting (see :meth:`_hosting`)."""
-        return self.powersgd is None and not isinstance(self.codec, SparseLowBit) and hosted(
-            numel, self.cfg.min_part_values)
 
     def _flag(self, dropped: dict) -> None:
         for peer, why in dropped.items():
@@ -1126,53 +1041,6 @@ class RoundAverager(abc.ABC):
             self.averager.shutdown()
 
 
-@dataclass
-class _Hosting:
-    """A round whose all-reduce rides with the board's meeting: this peer's contribution (``piece``, with its meeting)
-    and, should it host the group, the reduction of the group's (:meth:`reduce`, called by groups.hold_meeting).
-    The piece is encoded when the meeting first asks for it: a try that finds no group on the board (a peer waiting
-    for its shardmates tries at every step) encodes nothing."""
-
-    contribution: list
-    numel: int
-    weight: float
-    averager: "RoundAverager"
-    dropped: dict = field(default_factory=dict)  # the host's: contributions it left out, and why
-
-    @functools.cached_property
-    def _sent(self) -> tuple[torch.Tensor, torch.Tensor, bool, bytes]:
-        """(the contribution flat with the error fed back, what this peer sent as the host decodes it, whether error
-        feedback is on, the piece)."""
-        flat, sent, use_feedback = self.averager._prepared(self.contribution)
-        piece, decoded = contribution_piece(sent, self.weight, self.averager.codec)
-        return flat, decoded, use_feedback, piece
-
-    @property
-    def piece(self) -> bytes:
-        return self._sent[3]
-
-    @property
-    def max_rest(self) -> int:
-        """The most bytes a groupmate's contribution, or the host's result, may take (a larger piece is none)."""
-        return self.max_rest_of(self.numel)
-
-    @staticmethod
-    def max_rest_of(numel: int) -> int:
-        return 8 + 8 * MAX_ROSTER_MEMBERS + encoded_bound(numel)  # a contribution, or a result with its credits
-
-    def reduce(self, pieces: dict[str, bytes]) -> bytes:
-        return hosted_reduce(pieces, self.numel, self.averager.codec, self.averager.aggregator, self.dropped)
-
-    def average(self, result: bytes, group: Sequence[str]) -> tuple[list, bool, dict[str, float]]:
-        """The host's result for ``group`` (every member's id) -> (the average shaped like the contribution, whether
-        every member's was in it, each member's credited weight), and the error compression left out kept for the
-        next round. Raises AllReduceFailed for a result that is none."""
-        count, average, credits = hosted_average(result, group, self.numel, self.averager.codec)
-        flat, decoded, use_feedback, _ = self._sent
-        self.averager._took_feedback(self.contribution, flat, decoded, use_feedback)
-        return _unflatten(average, self.contribution), count == len(group), credits
-
-
 def admitted_group(gathered, info: dict, me: str, admission: Admission) -> list:
     """The members of a matchmaking group this peer averages with: itself and every groupmate whose credential
     (presented in the group's gathered metadata) admits the peer id hivemind's matchmaking authenticated. Every
@@ -1185,12 +1053,4 @@ def admitted_group(gathered, info: dict, me: str, admission: Admission) -> list:
         if name == me or admission.check(cred if isinstance(cred, bytes) else b"", name,
                                          "a place in an averaging group").ok:
             out.append(peer)
-    return out
-
-
-def _unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    out, offset = [], 0
-    for t in like:
-        out.append(flat[offset: offset + t.numel()].reshape(t.shape))
-        offset += t.numel()
     return out

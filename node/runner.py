@@ -483,12 +483,12 @@ class Node:
         a = self.averaging
         metadata, tensors = a.get_state()
         names = [n for n, _ in a.model.named_parameters()]
+        s = a.stats.snapshot()
         save_checkpoint(self.options.state_dir / "last.safetensors", named_state(names, tensors),
-                        dict(metadata, config_toml=cfg.to_toml(), rounds=a.stats.history, time=time.time(),
-                                       states_averaged=a.stats.states_averaged, resyncs=a.stats.resyncs,
-                                       groups_kept=a.stats.groups_kept, board_reads=a.stats.board_reads,
-                                       board_reads_skipped=a.stats.board_reads_skipped,
-                                       rounds_hosted=a.stats.rounds_hosted))
+                        dict(metadata, config_toml=cfg.to_toml(), rounds=list(s.history), time=time.time(),
+                             states_averaged=s.states_averaged, resyncs=s.resyncs, groups_kept=s.groups_kept,
+                             board_reads=s.board_reads, board_reads_skipped=s.board_reads_skipped,
+                             rounds_hosted=s.rounds_hosted))
 
     def _status(self) -> dict:
         """What ``STATE_DIR/status.json`` holds (:class:`StatusFile`, due at every new round and every
@@ -502,7 +502,7 @@ class Node:
 
     def node_metrics(self) -> pb.NodeMetrics:
         m, a = self.metrics, self.averaging
-        s = a.stats
+        s = a.stats.snapshot()
         with m.lock:
             return pb.NodeMetrics(step=m.step, round=a.round, loss=m.loss, samples_per_s=m.samples_per_s,
                                   bytes_sent=a.exchange.bytes_sent, bytes_received=a.exchange.bytes_received,
@@ -514,11 +514,11 @@ class Node:
                                   wall_s=time.monotonic() - m.started,
                                   state_bytes_sent=a.exchange.state_bytes_sent,
                                   state_bytes_received=a.exchange.state_bytes_received, peer_id=a.peer_id,
-                                  flagged_peers=sorted(a.stats.flagged)[:32], units_done=self.work.units_done,
+                                  flagged_peers=sorted(s.flagged)[:32], units_done=self.work.units_done,
                                   refused=self.admission.refused,
                                   refused_peers=sorted(self.admission.refused_peers)[:32],
                                   memory_bytes=m.footprint.pss_bytes, processes=m.footprint.processes,
-                                  heartbeat_ms=m.heartbeat_ms, last_group=a.stats.last_group[:64], lr=m.lr)
+                                  heartbeat_ms=m.heartbeat_ms, last_group=list(s.last_group[:64]), lr=m.lr)
 
     def _heartbeat_loop(self, interval: float) -> None:
         outage = Outage("heartbeat", logger)

@@ -74,3 +74,4 @@ def test_a_lossless_codec_keeps_no_error_unless_it_is_the_outer_memory():
 ])
 def test_each_strategy_says_where_its_feedback_goes(strategy, averaging, expected):
     assert strategy.feedback_of(AveragingConfig(**averaging)) == expected
+

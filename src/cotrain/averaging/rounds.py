@@ -17,6 +17,8 @@ of one round meet), run a butterfly all-reduce of their compressed contributions
 from __future__ import annotations
 
 import abc
+import collections
+import dataclasses
 import functools
 import logging
 import math
@@ -101,8 +103,17 @@ def make_averager(dht: DHT, prefix: str, cfg: AveragingConfig, client_mode: bool
     return averager
 
 
+#: rounds kept in RoundStats.history (the most recent): a node of days makes millions
+HISTORY_ROUNDS = 4096
+#: peers kept in RoundStats.flagged
+FLAGGED_PEERS = 1024
+
+
 @dataclass
 class RoundStats:
+    """A peer's figures about its rounds. The round's threads write them; others read :meth:`snapshot`, a copy of
+    their own that nothing changes afterwards (the heartbeat's thread sorted ``flagged`` while a round wrote it)."""
+
     rounds_completed: int = 0  # averaged with at least one peer
     partial_rounds: int = 0  # some groupmate's contribution was left out
     last_group_size: int = 0
@@ -123,13 +134,37 @@ class RoundStats:
     meet_s: float = 0.0
     allreduce_s: float = 0.0
     last_reason: str = ""  # what the last round decision was, or why the last round failed (in the node's log line)
-    history: list = field(default_factory=list)  # (round, group size): kept in the node's last checkpoint
+    #: (round, group size) of the last HISTORY_ROUNDS applied rounds: kept in the node's last checkpoint
+    history: collections.deque = field(default_factory=lambda: collections.deque(maxlen=HISTORY_ROUNDS))
     #: rounds whose group also averaged its members' differing states (averaging.state_averaging), and downloads
     #: of the shared state (a peer ahead, or a group whose majority held another state)
     states_averaged: int = 0
     resyncs: int = 0
     #: peers whose contributions this peer dropped as reducer (non-finite values, malformed), with the reason
     flagged: dict = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def flag(self, peer: str, why: str) -> None:
+        with self._lock:
+            if peer in self.flagged or len(self.flagged) < FLAGGED_PEERS:
+                self.flagged[peer] = why
+
+    def applied(self, round_number: int, group_size: int) -> None:
+        """A round applied, with a group of ``group_size`` (1: alone)."""
+        with self._lock:
+            self.last_group_size = group_size
+            self.history.append((round_number, group_size))
+
+    def averaged_with(self, group: Sequence[str]) -> None:
+        """The last averaged round's group, ourselves out."""
+        with self._lock:
+            self.last_group = list(group)
+
+    def snapshot(self) -> "RoundStats":
+        """A copy to read on another thread: its containers are the reader's own (a tuple, a dict copy)."""
+        with self._lock:
+            return dataclasses.replace(self, last_group=tuple(self.last_group), history=tuple(self.history),
+                                       flagged=dict(self.flagged), _lock=threading.Lock())
 
 
 class RoundAverager(abc.ABC):
@@ -792,7 +827,7 @@ class RoundAverager(abc.ABC):
         if result.kind is Kind.APPLY:
             self._apply_and_advance(result.average, result.group_size, carried=launch if overlapped else None,
                                     state=result.state, clock=launch.clock, swarm=result.swarm, added=added)
-            self.stats.last_group = sorted(result.group)
+            self.stats.averaged_with(sorted(result.group))
             self.stats.rounds_completed += 1
             self.stats.rounds_hosted += result.hosted
             if result.from_board:
@@ -982,7 +1017,7 @@ class RoundAverager(abc.ABC):
         for peer, why in dropped.items():
             if "did not arrive" not in why:  # a late peer is slow, not bad
                 logger.warning("round %d: dropped the contribution of peer %s: %s", self.round, peer[-8:], why)
-                self.stats.flagged[peer] = why
+                self.stats.flag(peer, why)
 
     def _count_own(self, samples: int) -> None:
         self.contributed += samples
@@ -1007,14 +1042,13 @@ class RoundAverager(abc.ABC):
             self.apply(average, carried)
             self.samples_total = swarm + added
             self.round_samples = added
+            self.stats.applied(self.round, group_size)
             self.round += 1
             self.round_since = float(get_dht_time())
         # hashed while the node takes its next local step: the next round's meeting reads it
         self._state_hash.update(self.shared_tensors())
         self._news.info("round done", "round %d done with %d peer(s): now at round %d", self.round - 1, group_size,
                         self.round)
-        self.stats.last_group_size = group_size
-        self.stats.history.append((self.round - 1, group_size))
         if carried is None:
             self.discard_round()
             self._start_round(mid_round=False)

@@ -286,16 +286,23 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
         await stop.wait()
     finally:
         logger.info("coordinator shutting down")
+        began = time.monotonic()
         for ticker in tickers:
             ticker.cancel()
-        await prober.shutdown()
-        if web is not None:
-            web.stop()
-        # the checkpointer before the fleet: it collects Ray evaluation tasks, and may be taking a managed node's state
+        # side by side: each may take seconds (the fleet's nodes up to 30 s). A checkpoint being written is
+        # finished or abandoned atomically (save_checkpoint writes a temporary file and renames it); an evaluation
+        # still on Ray when the fleet closes is not recorded. The fleet goes while the gRPC server still answers:
+        # managed nodes leave cleanly
         checkpointer.stop()
-        await asyncio.to_thread(checkpointer.join, 30)
-        if fleet is not None:  # while the gRPC server still answers: managed nodes leave cleanly
-            await asyncio.to_thread(fleet.shutdown)
+        steps = {"the reachability prober": prober.shutdown(),
+                 "the checkpointer": asyncio.to_thread(checkpointer.join, 30)}
+        if web is not None:
+            steps["the dashboard"] = asyncio.to_thread(web.stop)
+        if fleet is not None:
+            steps["the managed nodes and Ray"] = asyncio.to_thread(fleet.shutdown)
+        for what, outcome in zip(steps, await asyncio.gather(*steps.values(), return_exceptions=True)):
+            if isinstance(outcome, BaseException):
+                logger.warning("stopping %s failed: %r", what, outcome)
         if managed_token is not None:
             store.revoke_token(managed_token)
         await health_servicer.enter_graceful_shutdown()
@@ -304,4 +311,6 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
         dht.shutdown()
         store.close()
         (options.state_dir / "coordinator.json").unlink(missing_ok=True)
+        logger.info("coordinator stopped in %.1fs: %s, the gRPC server, the DHT and the store",
+                    time.monotonic() - began, ", ".join(steps))
 

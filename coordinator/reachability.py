@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
+from cotrain import hivemind_private
 from cotrain.protocol import DIAL_OUT_ONLY, PUBLIC
 
 logger = logging.getLogger(__name__)
@@ -86,13 +87,13 @@ class Prober:
             return False, "it announced no address"
         p2p = await self._daemon()
         try:
-            await asyncio.wait_for(p2p._client.connect(peer, list(maddrs)), timeout=self.timeout)
+            await asyncio.wait_for(hivemind_private.connect(p2p, peer, maddrs), timeout=self.timeout)
         except asyncio.TimeoutError:
             return False, f"no answer within {self.timeout:.0f}s at {', '.join(map(str, maddrs))}"
         except Exception as e:  # noqa: BLE001 - the daemon reports refusals and peer-id mismatches as errors
             return False, f"{str(e)[:200] or type(e).__name__} at {', '.join(map(str, maddrs))}"
         try:
-            await p2p._client.disconnect(peer)
+            await hivemind_private.disconnect(p2p, peer)
         except (P2PDaemonError, OSError, asyncio.TimeoutError) as e:  # an idle connection is closed by the daemon anyway
             logger.debug("could not close the probe connection to %s: %r", peer, e)
         return True, f"connected at {', '.join(map(str, maddrs))}"

@@ -403,6 +403,16 @@ class RoundAverager(abc.ABC):
                 self._counts_cut.add(peer)
                 logger.warning("peer %s %s: its count is cut to that", peer[-8:], cut)
 
+    def _note_credits(self, round_number: int, claimed: dict[str, int], credited: dict[str, int]) -> None:
+        """Log, once for each peer, a claim its contribution did not show half of (cotrain.averaging.work): a liar,
+        or a peer whose pseudo-gradient points away from its groupmates'."""
+        for peer, claim in claimed.items():
+            counted = credited.get(peer, claim)
+            if counted * 2 < claim and peer not in self._counts_cut and len(self._counts_cut) < 4096:
+                self._counts_cut.add(peer)
+                logger.warning("peer %s claimed %d samples in round %d; its contribution shows %d: counted %d",
+                               peer[-8:], claim, round_number, counted, counted)
+
     def wait_for_peers(self, count: int, timeout: float, stop: Optional[threading.Event] = None) -> int:
         """Wait until ``count`` peers (ourselves included) are on the board, its records judged when it was read (as
         rounds judge them: on a loaded machine a read takes seconds)."""
@@ -1007,6 +1017,7 @@ class RoundAverager(abc.ABC):
             kind, reason = Kind.APPLY, f"averaged with {len(group) - 1} peer(s), and our states"
         donors = tuple(p for p in majority_holders(info) if p != self.peer_id) if kind is Kind.RESYNC else ()
         samples = credited_samples(info, credits)
+        self._note_credits(launch.round, credited_samples(info), samples)
         views, contributed = said_counts(info, samples)
         return RoundResult(kind, reason, average, len(group), partial, sum(samples.values()),
                            members_of(group, self.peer_id), from_board, meet_s=met - started,

@@ -13,7 +13,7 @@ PYTEST_FLAGS ?=
 # e.g. make demo DEMO_ARGS="--duration 1800 --nodes 2": a longer demo (cotrain demo --help lists the options)
 DEMO_ARGS ?=
 
-.PHONY: demo test test-fast protos bench clean browser
+.PHONY: demo test test-fast protos docs bench clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ browser:
 
 protos: $(VENV)/.installed
 	$(BIN)/python protos/generate.py
+
+# docs/config.md from src/cotrain/config.py (its fields, defaults and `#:` comments); tests/test_docs.py fails when stale
+docs: $(VENV)/.installed
+	$(BIN)/python -m cotrain.config_docs
 
 clean:
 	rm -rf $(VENV) cotrain-demo .pytest_cache

@@ -46,6 +46,7 @@ from cotrain.averaging.outcome import (Kind, RoundResult, credited_samples, majo
                                        round_outcome)
 from cotrain.averaging.overlap import PendingRound
 from cotrain.averaging.reduction import Feedback, Hosting, Reduction
+from cotrain.averaging.scheduler import Move, Situation, first_move, settle
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, board_steady,
                                         groups_split, live_peers, round_decision, round_peers)
 from cotrain.averaging.state import STATE_KEY, Progress, StateHash, download_state, pick_donors
@@ -572,48 +573,31 @@ class RoundAverager(abc.ABC):
                 return None  # the round's all-reduce runs on while we train
             self._finish_round(pending, self._result_of(pending))  # waits once the next round's steps are taken
             now = time.time()
-        waiting = self._waited_for()
-        if waiting is not None:
-            decision = Decision(Action.AVERAGE, f"peer {waiting[-8:]} waits for us at the round's meeting")
-            self.stats.last_reason = decision.reason
-            self._news.info(decision.reason, "round %d: %s", self.round, decision.reason)
-            self._average(announce=False)
-            return decision
-        if (self.reached_h_at is not None and self._met_round != self.round and now >= self.retry_at
-                and self.cfg.group_formation != "matchmaking" and self._kept_group() is not None):
-            # the group of the round before meets again: no view of the board to wait for (a sharded board is
-            # read afresh at every round, and at 32 nodes on 2 cores reads took seconds, or timed out)
-            decision = Decision(Action.AVERAGE, f"reached {self.rules.inner_steps} steps: meeting the group of "
-                                                f"round {self.round - 1} again")
-            self.stats.last_reason = decision.reason
-            self._news.info(decision.reason, "round %d: %s", self.round, decision.reason)
-            self._average(early=True)
-            return decision
-        if now < self.retry_at or self._awaiting_read(now) or self._board_unknown(now) or self._view_stale():
+        situation = Situation(now, self.cfg.inner_steps, reached_h=self.reached_h_at is not None,
+                              met_this_round=self._met_round == self.round, retry_at=self.retry_at,
+                              matchmaking_only=self.cfg.group_formation == "matchmaking",
+                              kept_group=self._kept_group() is not None, round=self.round,
+                              waiter=self._waited_for(), awaiting_read=self._awaiting_read(now),
+                              board_unknown=self._board_unknown(now), view_stale=self._view_stale())
+        plan = first_move(situation)
+        if plan is None:
+            board_now = self._board_time()
+            split = self._split(board_now)
+            planned = self._board_group(board_now) if split and self.reached_h_at is not None else None
+            decision = round_decision(board_now, self.progress(), self._peers, self.rules, self.reached_h_at,
+                                      alone_waits=self.sharded, split=split,
+                                      group=None if planned is None else planned[0])
+            plan = settle(decision, situation,
+                          decision.action is Action.TRAIN and self._meets_early(board_now))
+        if plan.move is Move.TRAIN:
             return None
-        board_now = self._board_time()
-        split = self._split(board_now)
-        planned = self._board_group(board_now) if split and self.reached_h_at is not None else None
-        decision = round_decision(board_now, self.progress(), self._peers, self.rules, self.reached_h_at,
-                                  alone_waits=self.sharded, split=split,
-                                  group=None if planned is None else planned[0])
-        early = decision.action is Action.TRAIN and self._meets_early(board_now)
-        if early:  # no need to wait until the board shows the others at H: the meeting waits for them
-            decision = Decision(Action.AVERAGE, f"reached {self.rules.inner_steps} steps: meeting this round's peers")
-        if decision.action is Action.TRAIN:
-            return None
-        if decision.action is Action.RESYNC and self._kept_group() is not None and self._met_round != self.round:
-            # the group of the round before goes on at its own pace until its meeting fails: a peer ahead is of
-            # another group, and taking its state would leave this group one member short (at 32 nodes, members
-            # that went ahead by download left their groups waiting for them at every round)
-            return None
-        self.stats.last_reason = decision.reason
-        self._news.info(decision.reason, "round %d: %s", self.round, decision.reason)
-        if decision.action is Action.RESYNC:
+        self.stats.last_reason = plan.reason
+        self._news.info(plan.reason, "round %d: %s", self.round, plan.reason)
+        if plan.move is Move.RESYNC:
             self._resync()
-        else:
-            self._average(early)
-        return decision
+            return Decision(Action.RESYNC, plan.reason)
+        self._average(plan.early, announce=plan.announce)
+        return Decision(Action.AVERAGE, plan.reason)
 
     def _board_unknown(self, now: float) -> bool:
         """No read of the board came in for ``stale_after``: this peer does not know who is there, so it trains on

@@ -233,7 +233,7 @@ class AveragingConfig(_Section):
     #: the outer Nesterov step. At steady state Nesterov multiplies a pseudo-gradient that keeps its direction by
     #: outer_lr x (1 + mu + mu^2 / (1 - mu)): 2x at 1.0 / 0.5, 7x at the DiLoCo paper's 0.7 / 0.9, which was made for
     #: H = 500 with a decaying inner lr; at H of tens of steps it amplifies each round's noise until the shared model
-    #: degrades (README, "Long runs"). 1.0 / 0 is plain averaging of the nodes' models
+    #: degrades (docs/operate.md, "Long runs and the schedule"). 1.0 / 0 is plain averaging of the nodes' models
     outer_lr: float = Field(1.0, gt=0.0, le=10.0)
     outer_momentum: float = Field(0.5, ge=0.0, lt=1.0)
     #: DiLoCo's outer step. "nesterov": the averaged pseudo-gradient drives a Nesterov step (outer_lr,

@@ -119,7 +119,7 @@ def serve() -> None:
     import gc
     import importlib
 
-    from cotrain.node.limits import limit_malloc_arenas, release_freed_memory
+    from cotrain.memory import limit_malloc_arenas, release_freed_memory
 
     limit_malloc_arenas()  # what a node does first, here before the preloads' threads allocate (the nodes inherit it)
     for name in PRELOAD:

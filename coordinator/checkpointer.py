@@ -22,6 +22,7 @@ import torch
 from cotrain.averaging import Exchange, ProgressBoard, download_state, pick_donors
 from cotrain.checkpoint import save_checkpoint
 from cotrain.config import RunConfig
+from cotrain.memory import release_freed_memory
 from cotrain.optim.schedule import Schedule, lr_factor
 from cotrain.outage import Outage
 from cotrain.coordinator.evaluator import Evaluator
@@ -67,6 +68,9 @@ class Checkpointer(threading.Thread):
                 self.failures.failed(e, action="retrying next interval")
             except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, and the next interval tries again
                 self.failures.failed(e, expected=False, action="retrying next interval")
+            # a checkpoint's download, file and evaluation are tens of MB of short-lived buffers in the middle of
+            # the heap, which glibc keeps by itself: the coordinator's memory grew 13% an hour in a soak
+            release_freed_memory()
             self.wake.wait(self.cfg.coordinator.checkpoint_interval_s)
             self.wake.clear()
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import json
 import sys
 import time
 from pathlib import Path
 
 from cotrain.config import RunConfig
+from cotrain.memory import limit_malloc_arenas
 from cotrain.exit_codes import ExitCode
 
 from cotrain.coordinator.store import Store, TokenExists
@@ -102,6 +104,7 @@ def cmd_start(args) -> int:
                                  ray_address=args.ray_address, managed_nodes=args.managed_nodes,
                                  managed_node_cpus=args.managed_node_cpus,
                                  managed_node_cpu_limit=args.managed_node_cpu_limit, force=args.force)
+    logging.getLogger(__name__).info(limit_malloc_arenas())  # before gRPC's, hivemind's and the checkpointer's threads allocate
     asyncio.run(serve(cfg, options))
     return 0
 

@@ -23,7 +23,8 @@ import socket
 import tomllib
 from pathlib import Path
 
-from cotrain.node.limits import CpuTimeLimit, choose_cpus, limit_malloc_arenas
+from cotrain.memory import limit_malloc_arenas
+from cotrain.node.limits import CpuTimeLimit, choose_cpus
 from cotrain.node.options import FLAGS, OPTIONS, Flag, NodeOptions
 
 __all__ = ["OPTIONS", "add_parser", "add_tls_flags", "resolve_options"]

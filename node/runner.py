@@ -42,15 +42,16 @@ from cotrain.node.options import NodeOptions
 from cotrain.node.status_file import StatusFile
 from cotrain.node.step_record import StepRecord
 from cotrain.node.work import WorkQueue
+from cotrain.memory import release_freed_memory
 from cotrain.node.limits import (IdleMonitor, OtherProcessesLoad, format_cpu_list, lower_thread_priority, pin_cpus,
-                                 read_cpu_max, release_freed_memory, torch_threads)
+                                 read_cpu_max, torch_threads)
 from cotrain.footprint import Footprint, cpu_seconds, footprint
 
 logger = logging.getLogger(__name__)
 
 #: the node hands its freed heap back to the kernel at a new round, at most this often (seconds): a call costs the
 #: training thread 5-8 ms and the next step 10-40 ms of page faults, 0.4% of a 2 s round at H=10, and the heap
-#: fills again over minutes, not within a round (node.limits.release_freed_memory)
+#: fills again over minutes, not within a round (cotrain.memory.release_freed_memory)
 TRIM_EVERY_S = 30.0
 
 #: how much nicer the training thread is than the node's networking (its DHT process and libp2p daemon, the

@@ -13,7 +13,7 @@ from cotrain.node.limits import (IdleMonitor, choose_cpus, lower_thread_priority
 
 FREED_THEN_RELEASED = """
 import json
-from cotrain.node.limits import release_freed_memory
+from cotrain.memory import release_freed_memory
 
 def resident():
     return int(open("/proc/self/statm").read().split()[1]) * 4096

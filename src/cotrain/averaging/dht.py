@@ -13,6 +13,8 @@ from collections import OrderedDict
 from typing import Sequence
 
 from hivemind.dht import DHT
+
+from cotrain import hivemind_private  # noqa: F401 - importing it mends hivemind's handler-task leak
 from hivemind.dht.validation import CompositeValidator, DHTRecord, RecordValidatorBase
 from hivemind.utils.crypto import RSAPrivateKey
 

@@ -36,6 +36,7 @@ from cotrain.averaging.admission import Admission
 from cotrain.outage import Outage
 from cotrain.ratelimit import TokenBucket
 from cotrain.v1 import swarm_pb2 as pb
+from cotrain import hivemind_private  # noqa: F401 - importing it mends hivemind's handler-task leak
 
 logger = logging.getLogger(__name__)
 
@@ -179,10 +180,10 @@ class Exchange:
                 self._tags.append(tag)
                 while len(self._tags) > self.keep_tags:
                     old = self._tags.pop(0)
-                    for k in [k for k in self._outbox if k.startswith(old + "/")]:
-                        del self._outbox[k]
-                        self._awaited.pop(k, None)
-                        self._versions.pop(k, None)
+                    # over every table's own keys: a withdrawn piece (a meeting that did not fill) keeps its version
+                    for table in (self._outbox, self._awaited, self._versions):
+                        for k in [k for k in table if k.startswith(old + "/")]:
+                            del table[k]
             self._outbox[key] = data
             self._versions[key] = (self._versions.get(key, (0, True))[0] + 1, settled)
             if readers > 0:

@@ -83,6 +83,10 @@ VARIANTS = {
                                  "schedule.outer = true: the outer lr follows the inner lr's schedule too"),
     "cotrain_3_clip_off": ({"optimizer": {"grad_clip": 1e6}},
                            "optimizer.grad_clip = 1e6: no clipping in effect (the default clips at 1.0)"),
+    "cotrain_3_timescale_4k": ({"schedule": {"timescale_samples": 4096}},
+                               "schedule.timescale_samples = 4,096: the decay from a quarter of the default's samples"),
+    "cotrain_3_timescale_64k": ({"schedule": {"timescale_samples": 65536}},
+                                "schedule.timescale_samples = 65,536: the decay from 4x the default's samples"),
     "cotrain_3_before": ({"averaging": {"outer_lr": 0.7, "outer_momentum": 0.9}, "schedule": {"kind": "constant"}},
                          "the defaults before the run-level schedule: outer 0.7 / 0.9 and a constant inner lr"),
 }

@@ -30,14 +30,17 @@ weigh a default against its alternative over the same long run (see ``VARIANTS``
 The swarms' curve is the coordinator's: it checkpoints the shared model every ``--checkpoint-interval`` seconds
 and evaluates each checkpoint on the first ``coordinator.eval_bytes`` of the validation split, as the dashboard
 shows it; the plain loop evaluates the same bytes every ``--eval-every`` samples. The last point of a swarm's curve
-is the state its nodes left with. ``vs plain`` is a row's final BPC over the plain loop's at the same samples (its
+is the state its nodes left with. ``samples to plain's 50k BPC``: on the curves' 3-point means, the samples at which a
+row first reaches what ``plain_mixed`` had at 50,000, and their ratio to 50,000 (one point alone answers by the
+jitter of a unit). ``vs plain`` is a row's final BPC over the plain loop's at the same samples (its
 curve interpolated); ``vs its fast node alone`` (cotrain_hetero) is over the plain loop's at the samples the fast
 node trained itself, what it would have reached alone in that time. The table gives best and final BPC, and final /
 best (a run that degrades late ends above 1.01), and the same over means of 3 points in a row (each curve jitters
 by a few percent from one work unit to the next, the plain loop's too).
 
 JSON: ``{"samples": int, "runs": [{"name", "device", "curve": [[samples, val_bpc], ...], "best_val_bpc",
-"final_val_bpc", "smoothed_final_over_best", "samples", "wall_s", "vs_plain", "nodes": [...], for cotrain_hetero
+"final_val_bpc", "smoothed_final_over_best", "samples", "wall_s", "vs_plain", "samples_to_plain_at_50k",
+"samples_to_plain_at_50k_ratio", "nodes": [...], for cotrain_hetero
 and cotrain_fast20 "fast_node_samples", "vs_fast_node_alone", for the liars "trained_samples" (their nodes'
 samples: the curve's count is the swarm's, as credited) and "vs_cotrain_3" there}], "config": str}``.
 """
@@ -175,6 +178,26 @@ def smoothed(values: list, width: int = 3) -> float:
     return round(means[-1] / min(means), 4)
 
 
+def mean_curve(curve: list, width: int = 3) -> list:
+    """The curve's running means of ``width`` points (at the mean of their samples): the jitter of one work unit to
+    the next averaged out, for questions a single point answers by chance (when does a row reach a BPC)."""
+    points = [p for p in curve if p[0] > 0]
+    return [[sum(s for s, _ in points[i:i + width]) / width, sum(b for _, b in points[i:i + width]) / width]
+            for i in range(len(points) - width + 1)]
+
+
+def samples_to(curve: list, target: float) -> Optional[float]:
+    """The samples at which ``curve`` first reaches ``target`` BPC (interpolated); None if it never does."""
+    for (s0, b0), (s1, b1) in zip(curve, curve[1:]):
+        if b1 <= target:
+            return s1 if b0 <= target or b0 == b1 else s0 + (s1 - s0) * (b0 - target) / (b0 - b1)
+    return None
+
+
+#: the samples at which every swarm row's samples-to-target is asked (issue 54: within 1.2x of the plain loop's)
+TARGET_AT = 50_000
+
+
 def at_samples(curve: list, samples: int) -> Optional[float]:
     """The curve's BPC at ``samples``, interpolated linearly between its points; its last value up to 5% past its
     end (a swarm stops a few steps past the samples asked for); None elsewhere."""
@@ -271,6 +294,12 @@ def report(runs: list, samples: int, device: str) -> None:
         r["smoothed_final_over_best"] = smoothed([b for s, b in r["curve"] if s > 0])
         ref = at_samples(plain["curve"], r["samples"]) if plain else None
         r["vs_plain"] = round(r["final_val_bpc"] / ref, 4) if ref else None
+        if plain and r is not plain:
+            # on the 3-point means: plain_mixed's BPC at TARGET_AT samples, and when this row first reaches it
+            target = at_samples(mean_curve(plain["curve"]), TARGET_AT)
+            reached = samples_to(mean_curve(r["curve"]), target) if target else None
+            r["samples_to_plain_at_50k"] = round(reached) if reached else None
+            r["samples_to_plain_at_50k_ratio"] = round(reached / TARGET_AT, 3) if reached else None
         three = next((x for x in runs if x["name"] == "cotrain_3"), None)
         if r["name"] in LIARS and three:
             # at the samples the nodes trained: the liar's curve counts what the swarm credited, slightly more
@@ -294,13 +323,19 @@ def report(runs: list, samples: int, device: str) -> None:
 
 
 COLUMNS = ["row", "samples", "wall s", "best BPC", "final BPC", "final / best", "the same, 3-point means",
-           "vs plain", "vs its fast node alone", "vs cotrain_3"]
+           "vs plain", "samples to plain's 50k BPC", "vs its fast node alone", "vs cotrain_3"]
 
 
 def table_rows(runs: list) -> list[list]:
     return [[r["name"], r["samples"], r["wall_s"], r["best_val_bpc"], r["final_val_bpc"],
              round(r["final_val_bpc"] / r["best_val_bpc"], 4), r["smoothed_final_over_best"],
-             r["vs_plain"] or "-", r.get("vs_fast_node_alone") or "-", r.get("vs_cotrain_3") or "-"] for r in runs]
+             r["vs_plain"] or "-", _to_target(r), r.get("vs_fast_node_alone") or "-", r.get("vs_cotrain_3") or "-"]
+            for r in runs]
+
+
+def _to_target(r: dict) -> str:
+    reached = r.get("samples_to_plain_at_50k")
+    return f"{reached:,} ({r['samples_to_plain_at_50k_ratio']}x)" if reached else "-"
 
 
 def write_markdown(path, results: dict) -> None:

@@ -70,15 +70,10 @@ def test_a_group_is_kept_until_a_round_that_is_a_multiple_of_group_rounds():
 
 
 def test_a_kept_groups_member_reads_no_board_until_its_meeting_failed():
-    from types import SimpleNamespace
-
-    from cotrain.averaging.rounds import RoundAverager
+    from cotrain.averaging.scheduler import reads_paused
 
     def paused(kept, round_number, met_round, group_rounds=4):
-        peer = SimpleNamespace(_kept=kept, round=round_number, _met_round=met_round, peer_id="a",
-                               cfg=SimpleNamespace(group_rounds=group_rounds))
-        peer._kept_group = lambda: kept_group(kept, round_number, group_rounds)
-        return RoundAverager._reads_paused(peer)
+        return reads_paused(kept_group(kept, round_number, group_rounds) is not None, met_round == round_number)
 
     assert paused((4, ("a", "b")), 5, met_round=4)  # round 5 meets round 4's group from its roster
     assert not paused((4, ("a", "b")), 5, met_round=5)  # its meeting of round 5 failed (or runs): read again

@@ -1,11 +1,10 @@
 """A round's outcome and the overlap's bookkeeping as pure logic (cotrain.averaging.outcome, .overlap)."""
 
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from cotrain.averaging.diloco import DiLoCo
+from cotrain.averaging.diloco import outer_step
 from cotrain.averaging.outcome import Kind, credited_samples, majority_holders, round_outcome
 from cotrain.averaging.overlap import PendingRound, carry_local_progress
 
@@ -67,19 +66,17 @@ def test_overlap_keeps_the_local_steps_taken_since_the_round_was_launched():
 def test_diloco_guesses_the_outer_step_its_own_pseudo_gradient_would_take(momentum):
     # the eager guess must be exactly the outer step of an average equal to this peer's own contribution
     torch.manual_seed(1)
-    strategy = DiLoCo.__new__(DiLoCo)  # the outer step only: no swarm
-    strategy.cfg = SimpleNamespace(outer_lr=0.7)
-    strategy.global_params = [torch.randn(4, 3), torch.randn(5)]
-    strategy.momentum = [torch.randn_like(g) for g in strategy.global_params]
-    strategy.outer = torch.optim.SGD(strategy.global_params, lr=0.7, momentum=momentum, nesterov=momentum > 0)
+    params = [torch.randn(4, 3), torch.randn(5)]
+    buffers = [torch.randn_like(g) for g in params]
+    outer = torch.optim.SGD(params, lr=0.7, momentum=momentum, nesterov=momentum > 0)
     if momentum:
-        for g, m in zip(strategy.global_params, strategy.momentum):
-            strategy.outer.state[g]["momentum_buffer"] = m
-    delta = [torch.randn_like(g) for g in strategy.global_params]
-    before = [g.clone() for g in strategy.global_params]
-    guess = strategy.outer_step_with(delta)
-    assert all(torch.equal(g, b) for g, b in zip(strategy.global_params, before))  # nothing moved yet
-    for g, d in zip(strategy.global_params, delta):
+        for g, m in zip(params, buffers):
+            outer.state[g]["momentum_buffer"] = m
+    delta = [torch.randn_like(g) for g in params]
+    before = [g.clone() for g in params]
+    guess = outer_step(params, buffers, delta, 0.7, momentum)
+    assert all(torch.equal(g, b) for g, b in zip(params, before))  # nothing moved yet
+    for g, d in zip(params, delta):
         g.grad = d.clone()
-    strategy.outer.step()
-    assert all(torch.allclose(x, g, atol=1e-6) for x, g in zip(guess, strategy.global_params))
+    outer.step()
+    assert all(torch.allclose(x, g, atol=1e-6) for x, g in zip(guess, params))

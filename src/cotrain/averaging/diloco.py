@@ -20,6 +20,18 @@ from cotrain.averaging.reduction import Feedback
 from cotrain.averaging.rounds import RoundAverager
 
 
+def outer_step(params, momentum, delta, lr: float, mu: float) -> list[torch.Tensor]:
+    """Where SGD with Nesterov momentum ``mu`` (plain SGD at 0) takes ``params`` for the gradient ``delta``, as torch
+    computes it, given its ``momentum`` buffers; nothing is changed in place."""
+    out = []
+    with torch.no_grad():
+        for g, m, d in zip(params, momentum, delta):
+            d = d.to(g.device, g.dtype)
+            step = d + mu * (mu * m + d) if mu > 0 else d
+            out.append(g - lr * step)
+    return out
+
+
 class DiLoCo(RoundAverager):
     strategy = "diloco"
 
@@ -83,15 +95,9 @@ class DiLoCo(RoundAverager):
 
     def outer_step_with(self, delta) -> list[torch.Tensor]:
         """Where the outer step would take the global parameters if the group's average were ``delta`` (the outer
-        optimizer's state untouched): SGD with Nesterov momentum as torch computes it, or plain SGD."""
-        lr, mu = self.outer.param_groups[0]["lr"], self.outer.param_groups[0]["momentum"]
-        out = []
-        with torch.no_grad():
-            for g, m, d in zip(self.global_params, self.momentum, delta):
-                d = d.to(g.device, g.dtype)
-                step = d + mu * (mu * m + d) if mu > 0 else d
-                out.append(g - lr * step)
-        return out
+        optimizer's state untouched)."""
+        group = self.outer.param_groups[0]
+        return outer_step(self.global_params, self.momentum, delta, group["lr"], group["momentum"])
 
     def hold_round(self, launch):
         # eager updates: the next round's local steps start from where this peer's own pseudo-gradient alone would

@@ -46,7 +46,7 @@ from cotrain.averaging.outcome import (Kind, RoundResult, credited_samples, majo
                                        round_outcome)
 from cotrain.averaging.overlap import PendingRound
 from cotrain.averaging.reduction import Feedback, Hosting, Reduction
-from cotrain.averaging.scheduler import Move, Situation, first_move, settle
+from cotrain.averaging.scheduler import Move, Situation, first_move, reads_paused, settle
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, board_steady,
                                         groups_split, live_peers, round_decision, round_peers)
 from cotrain.averaging.state import STATE_KEY, Progress, StateHash, download_state, pick_donors
@@ -383,7 +383,7 @@ class RoundAverager(abc.ABC):
         on publishing its record. Every read is a DHT traversal that the replicas it visits answer, and at 32 nodes
         on a sixteenth of a core each the DHT process and libp2p daemon took 0.031 CPUs of a node's 0.056, its
         training 0.024 (bench/scale.py, /proc over 40 s); at 4 nodes 0.014 and 0.037."""
-        return self._kept_group() is not None and self._met_round != self.round
+        return reads_paused(self._kept_group() is not None, self._met_round == self.round)
 
     def progress(self, phase: str = "train") -> PeerProgress:
         return PeerProgress(self.peer_id, self.round, self.steps_in_round, self.samples_in_round, phase,

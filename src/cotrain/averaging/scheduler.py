@@ -90,6 +90,12 @@ def first_move(s: Situation) -> Optional[Plan]:
     return None
 
 
+def reads_paused(kept_group: bool, met_this_round: bool) -> bool:
+    """Whether this peer skips its reads of the board: its group of the round before meets again from its roster,
+    and the meeting of this round has not been held (once it failed, the peer reads again to plan anew)."""
+    return kept_group and not met_this_round
+
+
 def settle(decision: Decision, s: Situation, meets_early: bool) -> Plan:
     """The move for :func:`round_decision`'s ``decision`` about the board's view. ``meets_early``: this peer took
     its H steps and its planned group can meet now (RoundAverager._meets_early); it goes to the meeting rather than

@@ -33,7 +33,7 @@ import torch
 
 from cotrain.averaging.allreduce import AllReduceFailed, AllReduceResult, reducer_flags
 from cotrain.averaging.exchange import Exchange
-from cotrain.averaging.work import credited_weights, radius_scales
+from cotrain.averaging.work import credited_weights, lower_median_of, radius_scales
 from cotrain.compression.sparse import SparseLowBit, sparse_mean
 
 SPARSE_AGGREGATIONS = ("mean", "clipped_mean")
@@ -48,8 +48,12 @@ def sparse_aggregate(supports: list[tuple[np.ndarray, np.ndarray]], weights: lis
         raise ValueError(f"averaging.aggregation: the sparse codec averages with {' or '.join(SPARSE_AGGREGATIONS)}, "
                          f"not {aggregation!r}")
     norms = [float(np.sqrt(np.sum(np.square(v, dtype=np.float64)))) for _, v in supports]
-    bound = clip_multiple * sorted(norms)[(len(norms) - 1) // 2] if norms else 0.0
-    credited = credited_weights([_dense(s, numel) for s in supports], weights) if len(weights) > 1 else list(weights)
+    bound = clip_multiple * lower_median_of(norms) if norms else 0.0
+    weights = [float(w) for w in weights]
+    if len(weights) > 1 and max(weights) > lower_median_of(weights):  # a claim to check: its direction needs values
+        credited = credited_weights([_dense(s, numel) for s in supports], weights, norms=norms)
+    else:
+        credited = weights
     bounds = [bound * r for r in radius_scales(credited)] if credited else []
     scales = [1.0 if n <= b else b / n for n, b in zip(norms, bounds)]
     return sparse_mean(supports, credited, numel, scales)

@@ -25,7 +25,7 @@ import math
 import torch
 
 from cotrain.averaging.allreduce import Aggregator, weighted_mean
-from cotrain.averaging.work import credited_weights, radius_scales
+from cotrain.averaging.work import credited_weights, lower_median_of, radius_scales
 
 
 def trimmed_mean(parts: list[torch.Tensor], weights: list[float], trim: float = 0.2) -> torch.Tensor:
@@ -109,8 +109,8 @@ def clipped_mean(parts: list[torch.Tensor], weights: list[float], multiple: floa
     if n == 1:
         return parts[0].clone()
     norms = [float(torch.linalg.vector_norm(p, dtype=torch.float64)) for p in parts]
-    bound = multiple * sorted(norms)[(n - 1) // 2]
-    credited = credited_weights(parts, weights)
+    bound = multiple * lower_median_of(norms)
+    credited = credited_weights(parts, weights, norms=norms)
     bounds = [bound * r for r in radius_scales(credited)]
     scales = [1.0 if norm <= b else b / norm for norm, b in zip(norms, bounds)]  # a zero norm is never clipped
     if all(s == 1.0 for s in scales) and credited == [float(w) for w in weights]:

@@ -28,16 +28,19 @@ credited samples of every groupmate, and the swarm's clock counts those, not the
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
+
+from cotrain.averaging.ledger import SPEEDUP_BOUND
 
 #: how much more work than its norm shows a contribution is credited with. Honest norms at equal steps vary by
 #: 10-15% (1.2-1.3x squared), and the square-root law slightly under-counts long runs of steps (20x the steps: 4.1x
 #: the norm, 17x squared)
 SLACK = 1.5
-#: no contribution counts for more than this many median contributions (a GPU next to CPUs is tens of times faster)
-MAX_SPEEDUP = 64.0
+#: no contribution counts for more than this many median contributions (a GPU next to CPUs is tens of times faster):
+#: the ledger's bound on a peer's count a round, the same figure
+MAX_SPEEDUP = float(SPEEDUP_BOUND)
 
 
 def lower_median_of(values: Sequence[float]) -> float:
@@ -46,17 +49,21 @@ def lower_median_of(values: Sequence[float]) -> float:
 
 
 def credited_weights(parts: Sequence[torch.Tensor], weights: Sequence[float],
-                     max_speedup: float = MAX_SPEEDUP) -> list[float]:
+                     max_speedup: float = MAX_SPEEDUP, norms: Optional[Sequence[float]] = None) -> list[float]:
     """Each contribution's claimed weight, bounded by the work its norm and direction show (see the module). A
     weight at or below the group's (lower) median weight is kept as claimed; above it, at most the median weight
     times ``SLACK * (norm / median norm) ** 2``, times 1 when the contribution does not point the group's way, and
-    never more than ``max_speedup``. Idempotent: crediting credited weights changes nothing."""
+    never more than ``max_speedup``. Idempotent: crediting credited weights changes nothing. ``norms``: the parts'
+    norms when the caller has them (computed here only when some weight is above the median)."""
     n = len(parts)
     weights = [float(w) for w in weights]
     if n < 2:
         return weights
     median_w = lower_median_of(weights)
-    norms = [float(torch.linalg.vector_norm(p, dtype=torch.float64)) for p in parts]
+    if all(w <= median_w for w in weights):
+        return weights
+    if norms is None:
+        norms = [float(torch.linalg.vector_norm(p, dtype=torch.float64)) for p in parts]
     median_n = lower_median_of(norms)
     out = []
     for i, w in enumerate(weights):

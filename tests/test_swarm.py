@@ -236,12 +236,15 @@ def test_eight_nodes_in_groups_of_two_count_the_whole_swarms_samples(tmp_path, c
     end = min(node[-1]["time"] for node in rounds)
     checked = 0
     for node in rounds:
-        for x in node:
+        for before, x in zip(node, node[1:]):
             if truth_at(x["time"]) >= truth_at(end) / 2 and x["time"] <= end:
                 checked += 1
                 # never counted twice: a group's members record the round a step after they applied it, each
                 assert x["samples_total"] <= 1.05 * truth_at(x["time"] + delay), (x, truth_at(x["time"] + delay))
-                assert x["samples_total"] >= 0.95 * truth_at(x["time"] - delay), (x, truth_at(x["time"] - delay))
+                # and never a round short of what the swarm had done by the node's previous round (or the delay,
+                # whichever is longer): on a loaded machine a round takes longer than the board's few intervals
+                known = truth_at(min(x["time"] - delay, before["time"]))
+                assert x["samples_total"] >= 0.95 * known, (x, known)
     assert checked >= 8, checked
     # at the end every node knows of (almost) every sample: not its own group's quarter of them
     for node in rounds:

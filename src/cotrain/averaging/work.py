@@ -6,7 +6,9 @@ the contribution looks like that much work. Pseudo-gradients of one round start 
 steps of the same lr, so their displacement grows with the steps taken: about as the square root of the steps,
 like a random walk's (the default LSTM, 20x the steps of its groupmates: 4.1x their norm from the start, 4.5x after
 400 steps; 10x the steps: 3.1-3.2x). So a contribution of norm ``r`` times the group's median norm shows about
-``r**2`` times the median's work, and is credited with at most :data:`SLACK` times that (:func:`credited_weights`).
+``r**2`` times the median's work. It is credited with the median's weight plus at most :data:`SLACK` times the
+excess its norm shows, ``1 + SLACK * (r**2 - 1)`` medians (:func:`credited_weights`): a contribution as long as the
+median's is credited as the median, however much it claims, so a liar gains nothing from the slack.
 
 - A node that trained k times the median's samples sends a pseudo-gradient about ``sqrt(k)`` times as long: it is
   credited about k, and the aggregators do not clip it back (their radius grows with ``sqrt(credit)``,
@@ -34,10 +36,11 @@ import torch
 
 from cotrain.averaging.ledger import SPEEDUP_BOUND
 
-#: how much more work than its norm shows a contribution is credited with. Honest norms at equal steps vary by
-#: 10-15% (1.2-1.3x squared), and the square-root law slightly under-counts long runs of steps (20x the steps: 4.1x
-#: the norm, 17x squared)
-SLACK = 1.5
+#: how much more of the excess work its norm shows a contribution is credited with: the square-root law slightly
+#: under-counts long runs of steps (20x the steps: 4.1x the norm, 17x squared, so 1 + 1.25 * 16 = 21x). The slack
+#: applies to the excess only: honest norms at equal steps vary by 10-15%, and a slack on the whole figure credited
+#: an ordinary norm claiming 1,000x about 1.5x, which ran the swarm's clock 18% fast (docs/results/longrun.md)
+SLACK = 1.25
 #: no contribution counts for more than this many median contributions (a GPU next to CPUs is tens of times faster):
 #: the ledger's bound on a peer's count a round, the same figure
 MAX_SPEEDUP = float(SPEEDUP_BOUND)
@@ -52,7 +55,7 @@ def credited_weights(parts: Sequence[torch.Tensor], weights: Sequence[float],
                      max_speedup: float = MAX_SPEEDUP, norms: Optional[Sequence[float]] = None) -> list[float]:
     """Each contribution's claimed weight, bounded by the work its norm and direction show (see the module). A
     weight at or below the group's (lower) median weight is kept as claimed; above it, at most the median weight
-    times ``SLACK * (norm / median norm) ** 2``, times 1 when the contribution does not point the group's way, and
+    times ``1 + SLACK * ((norm / median norm) ** 2 - 1)``, times 1 when the contribution does not point the group's way, and
     never more than ``max_speedup``. Idempotent: crediting credited weights changes nothing. ``norms``: the parts'
     norms when the caller has them (computed here only when some weight is above the median)."""
     n = len(parts)
@@ -71,7 +74,7 @@ def credited_weights(parts: Sequence[torch.Tensor], weights: Sequence[float],
             out.append(w)
             continue
         ratio = norms[i] / median_n if median_n > 0 else 1.0
-        evidence = min(max_speedup, max(1.0, SLACK * ratio * ratio))
+        evidence = min(max_speedup, max(1.0, 1.0 + SLACK * (ratio * ratio - 1.0)))
         if evidence > 1.0 and not _points_the_groups_way(parts, i):
             evidence = 1.0
         out.append(min(w, median_w * evidence))

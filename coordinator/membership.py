@@ -69,3 +69,20 @@ def active_nodes(now: float, nodes: Iterable[NodeView], heartbeat_interval: floa
     """Nodes that hold data: not left and not lost, in the order they joined."""
     limit = heartbeat_interval * lost_after_missed
     return sorted((n for n in nodes if not n.left and now - n.last_seen <= limit), key=lambda n: (n.joined, n.node_id))
+
+
+def nodes_to_forget(now: float, nodes: Iterable[NodeView], heartbeat_interval: float, lost_after_missed: int,
+                    forget_after: float, since: float) -> list[tuple[str, str]]:
+    """Nodes that left, or went silent (lost), more than ``forget_after`` seconds ago, each with why. The coordinator
+    drops what it holds for them, so a run of days with churn holds the nodes of its last hour, not every node it
+    ever saw. Time away counts from ``since`` (the coordinator's start) at the earliest: after a restart, nodes that
+    trained on through the outage have ``forget_after`` to heartbeat again."""
+    limit = heartbeat_interval * lost_after_missed
+    out = []
+    for n in nodes:
+        away = now - max(n.last_seen, since)
+        if away <= forget_after or not (n.left or now - n.last_seen > limit):
+            continue
+        out.append((n.node_id, f"node {n.name} ({n.node_id[:8]}) {'left' if n.left else 'went silent'} "
+                               f"{away:.0f}s ago (forget_after_s {forget_after:g}): forgotten; it joins anew"))
+    return out

@@ -182,7 +182,8 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
                   join_limit=(cfg.coordinator.join_rate_per_s, cfg.coordinator.join_burst),
                   heartbeat_limit=(cfg.coordinator.heartbeat_rate_per_s, cfg.coordinator.heartbeat_burst),
                   unit_ranges=unit_ranges(cfg, corpus), unit_deadline_s=cfg.coordinator.unit_deadline_s,
-                  seed=cfg.run.seed, byte_counts=corpus.byte_counts() if corpus is not None else [])
+                  seed=cfg.run.seed, byte_counts=corpus.byte_counts() if corpus is not None else [],
+                  forget_after_s=cfg.coordinator.forget_after_s)
     prober = Prober()
     service = CoordinatorService(store, run, summary, issuer, prober, publish_revocations)
     fleet = None if resources is None else start_fleet(options, resources)
@@ -244,7 +245,8 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
 
     # the service's periodic work: the health view only reads, so lost nodes' and late units go back to the pool here
     tickers = [asyncio.ensure_future(every_second("admission tick", admission_step)),
-               asyncio.ensure_future(every_second("reclaiming work units", service.reclaim))]
+               asyncio.ensure_future(every_second("reclaiming work units", service.reclaim)),
+               asyncio.ensure_future(every_second("forgetting departed nodes", service.forget_departed))]
 
     web, managed_token = None, None
     try:

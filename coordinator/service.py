@@ -24,7 +24,7 @@ from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
 
 from cotrain.coordinator.admission import Issuer, needs_renewal, nodes_to_revoke
-from cotrain.coordinator.membership import NodeView, active_nodes, node_state, swarm_alerts
+from cotrain.coordinator.membership import NodeView, active_nodes, node_state, nodes_to_forget, swarm_alerts
 from cotrain.coordinator.reachability import InvalidPeer, Prober, parse_peer, reachability_decision
 from cotrain.coordinator.workunits import (SchedulingRules, Unit, complete_unit, current_epoch, finished_epochs,
                                            held_by, issue_unit, reclaim_units, unit_counts)
@@ -60,6 +60,8 @@ class RunInfo:
     unit_ranges: list = field(default_factory=list)
     unit_deadline_s: float = 900.0
     seed: int = 0
+    #: seconds after a node left or went silent before the service drops what it holds for it
+    forget_after_s: float = 3600.0
     #: how often each byte value occurs in the training text (Corpus.byte_counts); nodes start their output bias
     #: from it
     byte_counts: list = field(default_factory=list)
@@ -129,6 +131,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.rules = SchedulingRules(run.unit_deadline_s)
         self.units_reissued = 0
         self.scheduling_reason = f"{len(run.unit_ranges)} work units per epoch"
+        self.started = clock()
 
     # ---- helpers -------------------------------------------------------------------------------------------------
     def _views(self) -> list[NodeView]:
@@ -156,6 +159,16 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             for _, why in reclaimed:
                 logger.info("%s", why)
             self.scheduling_reason = reclaimed[-1][1]
+
+    def forget_departed(self) -> None:
+        """Drop what the service holds for nodes that left or went silent more than ``forget_after_s`` ago (the
+        server calls this every second; the store keeps their records). Their units went back to the pool when they
+        left or were lost; a forgotten node that comes back gets UNAUTHENTICATED and joins again."""
+        for node_id, why in nodes_to_forget(self.clock(), self._views(), self.run.heartbeat_interval,
+                                            self.run.lost_after_missed, self.run.forget_after_s, self.started):
+            for table in (self.nodes, self.peers, self.issued, self.revocations_sent, self.rates):
+                table.pop(node_id, None)
+            logger.info("%s", why)
 
     async def _session(self, node_id: str, session: str, context) -> NodeRecord:
         node = self.nodes.get(node_id)

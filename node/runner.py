@@ -539,6 +539,10 @@ class Node:
                 with self.metrics.lock:
                     self.metrics.heartbeat_ms = (time.monotonic() - sent) * 1e3
             except grpc.RpcError as e:  # keep training while the coordinator is away; the swarm does not need it
+                if e.code() == grpc.StatusCode.UNAUTHENTICATED:  # it forgot this node after a long absence
+                    self.request_stop(f"the coordinator no longer knows this node's session ({e.details()}); "
+                                      "run `cotrain node join` again")
+                    break
                 outage.failed(e, action="training on and retrying")
                 continue
             except Exception as e:  # noqa: BLE001 - a bug here must not stop training: logged with its traceback

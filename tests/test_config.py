@@ -20,6 +20,7 @@ def test_defaults_round_trip_through_toml():
     ("[modle]\nkind = 'lstm'\n", "modle"),
     ("[model]\nhiden_size = 3\n", "model.hiden_size"),
     ("[averaging]\nmatchmaking_time = 1.0\nrequest_timeout = 2.0\n", "request_timeout"),
+    ("[coordinator]\ncredential_ttl_s = 600\nforget_after_s = 300\n", "forget_after_s"),
 ])
 def test_bad_field_is_named(text, field):
     with pytest.raises(ConfigError) as err:

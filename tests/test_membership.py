@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from cotrain.coordinator.membership import (HEALTHY, LEFT, LOST, STRAGGLER, NodeView, active_nodes,
+from cotrain.coordinator.membership import (HEALTHY, LEFT, LOST, STRAGGLER, NodeView, active_nodes, nodes_to_forget,
                                             node_state, swarm_alerts)
 
 
@@ -65,3 +65,70 @@ def test_history_view_builds_the_dashboard_curves():
     assert view_["leaderboard"][0]["online_s"] == 12.0
     assert view_["points"][1]["loss"] is None  # NaN is not JSON
     assert view_["evals"] == [{"t": 105.0, "round": 1, "val_loss": 2.9, "val_bpc": None, "samples": None, "lr": None}]
+
+
+@pytest.mark.parametrize("node, since, forgotten", [
+    (view("a", left=True, last_seen=0.0), 0.0, True),  # left 5,000 s ago
+    (view("a", last_seen=0.0), 0.0, True),  # silent 5,000 s: lost, and long enough
+    (view("a", left=True, last_seen=2000.0), 0.0, False),  # left 3,000 s ago: kept for now
+    (view("a", last_seen=4990.0), 0.0, False),  # healthy
+    (view("a", last_seen=0.0), 3000.0, False),  # the coordinator started 2,000 s ago: the node may still come back
+])
+def test_nodes_to_forget(node, since, forgotten):
+    decided = nodes_to_forget(5000.0, [node], 2.0, 5, forget_after=3600.0, since=since)
+    assert [n for n, _ in decided] == (["a"] if forgotten else [])
+    assert all("forget_after_s 3600" in why for _, why in decided)
+
+
+def test_a_forgotten_node_leaves_the_health_view_and_its_session_no_longer_works(tmp_path):
+    """The service as the server drives it, with a fake clock: nodes gone longer than forget_after_s are dropped
+    at the tick; a node that comes back with its old session is told to join again."""
+    import asyncio
+
+    import grpc
+
+    from cotrain.coordinator.admission import Issuer, load_or_create_key
+    from cotrain.coordinator.reachability import Prober
+    from cotrain.coordinator.service import CoordinatorService, RunInfo, SwarmSummary
+    from cotrain.coordinator.store import NodeRecord, Store, hash_secret
+    from cotrain.v1 import coordinator_pb2 as pb
+
+    class Aborted(Exception):
+        pass
+
+    class Context:
+        def peer(self):
+            return "ipv4:127.0.0.1:5000"
+
+        async def abort(self, code, details):
+            raise Aborted(code, details)
+
+    now = [1000.0]
+    store = Store(tmp_path)
+    for name, left in (("leaver", True), ("silent", False), ("alive", False)):
+        store.save_node(NodeRecord(name[0] * 32, name, "t", hash_secret(name), joined=0.0, last_seen=1000.0,
+                                   left=left))
+    issuer = Issuer(load_or_create_key(tmp_path), "run", 600.0, store.get_meta, store.set_meta, lambda: now[0])
+    run = RunInfo("run", "", None, heartbeat_interval=1.0, lost_after_missed=5, initial_peers=list,
+                  forget_after_s=3600.0)
+    service = CoordinatorService(store, run, SwarmSummary(), issuer, Prober(), clock=lambda: now[0])
+
+    def heartbeat(name):
+        request = pb.HeartbeatRequest(node_id=name[0] * 32, session=name, metrics=pb.NodeMetrics())
+        return asyncio.run(service.Heartbeat(request, Context()))
+
+    try:
+        for t in (2000.0, 4000.0, 4500.0):
+            now[0] = t
+            assert heartbeat("alive").command == pb.CONTINUE
+            service.forget_departed()
+        assert {n.node_name for n in service.health().nodes} == {"leaver", "silent", "alive"}  # 3,500 s: kept
+        now[0] = 4700.0
+        service.forget_departed()
+        assert {n.node_name for n in service.health().nodes} == {"alive"}
+        with pytest.raises(Aborted) as refused:
+            heartbeat("silent")
+        assert refused.value.args[0] == grpc.StatusCode.UNAUTHENTICATED
+        assert {n.name for n in store.load_nodes()} == {"leaver", "silent", "alive"}  # the store keeps the records
+    finally:
+        store.close()

@@ -384,6 +384,18 @@ class CoordinatorConfig(_Section):
     #: within it even if the revocation list never reaches its peers (it reaches them within seconds when the DHT
     #: works). Minutes: long enough for a coordinator restart, short enough to bound a leaked credential.
     credential_ttl_s: float = Field(300.0, ge=10.0, le=86400.0)
+    #: seconds after a node left or went silent before the coordinator forgets it: its row in the health view and
+    #: /metrics, and what it keeps for the node's session and credential (the store keeps its record). Bounds the
+    #: coordinator's memory in long runs with churn. A forgotten node that comes back is told to join again; no
+    #: shorter than credential_ttl_s, so a forgotten node's last credential has expired.
+    forget_after_s: float = Field(3600.0, ge=60.0)
+
+    @model_validator(mode="after")
+    def _forget_after_credentials(self) -> "CoordinatorConfig":
+        if self.forget_after_s < self.credential_ttl_s:
+            raise ValueError(f"forget_after_s ({self.forget_after_s:g}) must be at least credential_ttl_s "
+                             f"({self.credential_ttl_s:g}): a node is forgotten only once its credential has expired")
+        return self
     #: check every data-plane interaction (state downloads, all-reduce pieces, groups, progress records) against
     #: the members' credentials. Off only for benches that measure what the checks cost.
     data_plane_auth: bool = True

@@ -228,17 +228,3 @@ def test_a_host_that_leaves_right_after_its_last_roster_answers_the_joins_waitin
         assert answer["got"] == roster
     finally:
         member.shutdown(linger_s=0)
-
-
-def test_old_rounds_pieces_go_with_their_tag_withdrawn_ones_too(pair):
-    """A meeting that did not fill withdraws its piece; once its round's tag is dropped nothing of it is kept."""
-    ex = pair[0]
-    keep = ex.keep_tags
-    ex.publish("w-0", "w-0/meeting", b"x")
-    ex.withdraw("w-0/meeting")
-    ex.publish("w-0", "w-0/part", b"y", readers=1)
-    for i in range(1, keep + 1):
-        ex.publish(f"w-{i}", f"w-{i}/part", b"z")
-    with ex._lock:
-        kept = [k for table in (ex._outbox, ex._awaited, ex._versions) for k in table if k.startswith("w-0/")]
-    assert kept == []

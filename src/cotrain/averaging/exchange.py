@@ -33,6 +33,7 @@ from hivemind.p2p import P2P, P2PContext, P2PDaemonError, P2PHandlerError, PeerI
 from hivemind.utils.multiaddr import Multiaddr
 
 from cotrain.averaging.admission import Admission
+from cotrain.averaging.outbox import Askers, DepositBox, Outbox
 from cotrain.outage import Outage
 from cotrain.ratelimit import TokenBucket
 from cotrain.v1 import swarm_pb2 as pb
@@ -52,13 +53,6 @@ UNARY_MAX_BYTES = 1 << 17
 #: what talking to a peer raises when the peer died, its daemon refused, or the stream broke or came garbled: part of
 #: a swarm's life (the piece is missing, the round goes on without it), not a fault of this peer's
 PEER_ERRORS = (P2PDaemonError, P2PHandlerError, OSError, EOFError, DecodeError)
-#: pieces peers leave with this one while their requests wait (``FetchRequest.deposit``, see :meth:`Exchange.join`):
-#: at most this many at once, of at most this many bytes in all (each at most ``Exchange.max_deposit_bytes``). A
-#: round's host holds one a groupmate, and one peer at most a few; more are refused (the request is answered
-#: "not found", and the peer's meeting fails like one that did not come)
-MAX_DEPOSITS = 512
-MAX_DEPOSITS_PER_PEER = 8
-MAX_DEPOSIT_TOTAL_BYTES = 64 << 20
 #: the largest piece a request leaves, and the largest answer to a request that left one: each goes in one message
 #: over the daemon's persistent connection (hivemind's limit is 4 MiB a message). A join is one request and one
 #: answer, never a stream: a host that has answered has nothing more to serve when it leaves
@@ -104,21 +98,16 @@ class Exchange:
         self.limiter = limiter  # every byte this peer serves goes through it (a volunteer's upload limit)
         self.handler_name = f"{namespace}.fetch"
         self.unary_name = f"{namespace}.get"
-        self.keep_tags = keep_tags
+        #: the pieces this peer serves, who asked for them, and what peers left with their requests
+        self.outbox = Outbox(keep_tags)
+        self.asked = Askers()
+        self.deposit_box = DepositBox()
         #: pieces served, by how they went ("unary" or "stream")
         self.served = {"unary": 0, "stream": 0}
         self.bytes_sent = 0
         self.bytes_received = 0
         self.state_bytes_sent = 0
         self.state_bytes_received = 0
-        self._outbox: dict[str, bytes] = {}
-        #: reads still expected of published pieces, by key (``publish(..., readers=n)``): a peer shutting down waits
-        #: for these, not for a fixed time
-        self._awaited: dict[str, int] = {}
-        self._tags: list[str] = []
-        #: who asked for a piece, by key: peer id -> when (monotonic). A meeting's host learns at once that a peer
-        #: waits for it (:meth:`askers`: a groupmate, or a peer that walks in), where the board takes reads
-        self._asked: dict[str, dict[str, float]] = {}
         self._providers: dict[str, Callable[[], Optional[bytes]]] = {}
         self._serving = 0
         self._last_refused_log = 0.0
@@ -131,20 +120,6 @@ class Exchange:
         #: pieces peers offered that were larger than the fetch's ``max_bytes`` (not taken in)
         self.oversized_pieces = 0
         self._last_oversized_log = 0.0
-        #: the largest piece a peer may leave with a request (0: none taken); its owner sets it to the largest it reads
-        self.max_deposit_bytes = 0
-        #: pieces left with requests, by key and then by the peer libp2p authenticated, while the request waits
-        self._deposits: dict[str, dict[str, bytes]] = {}
-        self._deposit_bytes = 0
-        #: counts every deposit filed or dropped: what :meth:`wait_deposits` waits to see change
-        self._deposit_events = 0
-        self._deposited = threading.Condition()
-        #: pieces peers tried to leave that were not kept (too large, or too many at once)
-        self.deposits_refused = 0
-        #: key -> (how many times a piece was published under it, whether the last one is settled): a request that
-        #: left a deposit is answered by a piece published after it came, or by a settled one
-        self._versions: dict[str, tuple[int, bool]] = {}
-        self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._published: Optional[asyncio.Condition] = None
         #: requests waiting for a piece to be published (a publish with none waiting wakes nobody's loop)
@@ -175,110 +150,51 @@ class Exchange:
         meet). ``settled``: whether it answers the requests that leave a deposit and come after it (see
         :meth:`join`); False for an answer that a later one replaces (a host's roster of a meeting that did not fill:
         a peer that joins after it waits for the next)."""
-        with self._lock:
-            if tag not in self._tags:
-                self._tags.append(tag)
-                while len(self._tags) > self.keep_tags:
-                    old = self._tags.pop(0)
-                    # over every table's own keys: a withdrawn piece (a meeting that did not fill) keeps its version
-                    for table in (self._outbox, self._awaited, self._versions):
-                        for k in [k for k in table if k.startswith(old + "/")]:
-                            del table[k]
-            self._outbox[key] = data
-            self._versions[key] = (self._versions.get(key, (0, True))[0] + 1, settled)
-            if readers > 0:
-                self._awaited[key] = readers
-            else:
-                self._awaited.pop(key, None)
+        self.outbox.publish(tag, key, data, readers, settled)
         if self._waiting:  # read after the piece went in: a request that starts waiting now finds it there
             asyncio.run_coroutine_threadsafe(self._notify(), self._loop)
 
     def withdraw(self, key: str) -> None:
         """Stop serving ``key`` (a meeting that did not fill): requests wait for its next piece, as if none had been."""
-        with self._lock:
-            self._outbox.pop(key, None)
-            self._awaited.pop(key, None)
+        self.outbox.withdraw(key)
 
     @property
     def reads_awaited(self) -> int:
-        """Reads of published pieces that their readers have not made yet (see ``publish(..., readers=)``)."""
-        with self._lock:
-            return sum(self._awaited.values())
-
-    def _was_read(self, key: str) -> None:
-        """A groupmate got the whole piece under ``key``."""
-        with self._lock:
-            left = self._awaited.get(key)
-            if left is not None:
-                if left <= 1:
-                    del self._awaited[key]
-                else:
-                    self._awaited[key] = left - 1
+        """Reads of published pieces that their readers have not made yet (see ``publish(..., readers=)``): a peer
+        shutting down waits for these, not for a fixed time."""
+        return self.outbox.reads_awaited
 
     def askers(self, key: str, within_s: float) -> set[str]:
         """The peers (ids) that asked for ``key`` in the last ``within_s`` seconds (whether it was published then
-        or not: a peer that asks for a meeting wants to meet)."""
-        since = time.monotonic() - within_s
-        with self._lock:
-            return {peer for peer, at in self._asked.get(key, {}).items() if at >= since}
-
-    def _note_asker(self, key: str, peer: str) -> None:
-        """Bounded: the newest 64 keys, 256 askers a key, each forgotten after a minute."""
-        now = time.monotonic()
-        with self._lock:
-            asked = self._asked.pop(key, {})
-            asked = {p: at for p, at in asked.items() if now - at < 60.0}
-            if peer in asked or len(asked) < 256:
-                asked[peer] = now
-            self._asked[key] = asked  # the newest key last
-            while len(self._asked) > 64:
-                del self._asked[next(iter(self._asked))]
+        or not: a peer that asks for a meeting wants to meet). A meeting's host learns at once that a peer waits for
+        it (a groupmate, or a peer that walks in), where the board takes reads."""
+        return self.asked.within(key, within_s)
 
     def deposits(self, key: str) -> dict[str, bytes]:
         """The pieces peers left with their requests for ``key`` that still wait for it (peer id -> piece): a meeting's
         members join the host with their meetings, so the host reads them without a request of its own. A piece is
         kept while its request waits, so a peer that gave up (its request timed out, or it went away) is gone here."""
-        with self._deposited:
-            return dict(self._deposits.get(key, {}))
+        return self.deposit_box.get(key)
 
     def wait_deposits(self, seen: int, timeout: float) -> int:
         """Wait up to ``timeout`` seconds for a deposit to be filed or dropped after the ``seen``-th (any key; -1: the
         count now, at once); -> how many there have been."""
-        deadline = time.monotonic() + max(0.0, timeout)
-        with self._deposited:
-            while self._deposit_events <= seen and time.monotonic() < deadline:
-                self._deposited.wait(deadline - time.monotonic())
-            return self._deposit_events
+        return self.deposit_box.wait(seen, timeout)
 
-    def _file_deposit(self, key: str, peer: str, data: bytes) -> bool:
-        """Keep ``data`` as what ``peer`` left under ``key`` (its newest replaces an older one); False: not kept."""
-        with self._deposited:
-            box = self._deposits.get(key, {})
-            old = box.get(peer, b"")
-            count = sum(len(b) for b in self._deposits.values())
-            theirs = sum(peer in b for b in self._deposits.values())
-            if (len(data) > self.max_deposit_bytes
-                    or (peer not in box and (count >= MAX_DEPOSITS or theirs >= MAX_DEPOSITS_PER_PEER))
-                    or self._deposit_bytes - len(old) + len(data) > MAX_DEPOSIT_TOTAL_BYTES):
-                self.deposits_refused += 1
-                return False
-            self._deposits.setdefault(key, {})[peer] = data
-            self._deposit_bytes += len(data) - len(old)
-            self._deposit_events += 1
-            self._deposited.notify_all()
-            return True
+    @property
+    def max_deposit_bytes(self) -> int:
+        """The largest piece a peer may leave with a request (0: none taken); its owner sets it to the largest it
+        reads."""
+        return self.deposit_box.max_bytes
 
-    def _drop_deposit(self, key: str, peer: str, data: bytes) -> None:
-        """The request that left ``data`` ended: forget it (unless a newer request of the peer replaced it)."""
-        with self._deposited:
-            box = self._deposits.get(key)
-            if box is not None and box.get(peer) is data:
-                del box[peer]
-                self._deposit_bytes -= len(data)
-                if not box:
-                    del self._deposits[key]
-                self._deposit_events += 1
-                self._deposited.notify_all()
+    @max_deposit_bytes.setter
+    def max_deposit_bytes(self, value: int) -> None:
+        self.deposit_box.max_bytes = value
+
+    @property
+    def deposits_refused(self) -> int:
+        """Pieces peers tried to leave that were not kept (too large, or too many at once)."""
+        return self.deposit_box.refused
 
     def provide(self, key: str, make: Callable[[], Optional[bytes]]) -> None:
         """Serve ``key`` by calling ``make()`` (in a worker thread) on every request: for data built on demand,
@@ -303,7 +219,7 @@ class Exchange:
         self._serving += 1
         try:
             if request.key not in self._providers:
-                self._note_asker(request.key, str(context.remote_id))
+                self.asked.note(request.key, str(context.remote_id))
             async for chunk in self._serve_chunks(request):
                 yield chunk
         finally:
@@ -317,14 +233,14 @@ class Exchange:
         if request.key in self._providers:
             return pb.FetchChunk(found=True, use_stream=True)
         peer = str(context.remote_id)
-        self._note_asker(request.key, peer)
+        self.asked.note(request.key, peer)
         deposit = request.deposit  # one object: protobuf hands out a new one at every read
         filed, after = None, None
         if deposit:  # kept while the request waits for its answer, which is a piece published since
             self.bytes_received += len(deposit)
-            with self._lock:  # taken before the deposit shows: an answer published as soon as it does still counts
-                after = self._versions.get(request.key, (0, True))[0]
-            if not self._file_deposit(request.key, peer, deposit):
+            # taken before the deposit shows: an answer published as soon as it does still counts
+            after = self.outbox.version(request.key)
+            if not self.deposit_box.file(request.key, peer, deposit):
                 return pb.FetchChunk(found=False)
             filed = deposit
         self._serving += 1
@@ -338,12 +254,12 @@ class Exchange:
                 await self.limiter.take(len(data))
             self.bytes_sent += len(data)
             self.served["unary"] += 1
-            self._was_read(request.key)
+            self.outbox.was_read(request.key)
             return pb.FetchChunk(data=data, found=True, total=len(data))
         finally:
             self._serving -= 1
             if filed is not None:
-                self._drop_deposit(request.key, peer, filed)
+                self.deposit_box.drop(request.key, peer, filed)
 
     async def _published_piece(self, key: str, wait_s: float, after: Optional[int] = None) -> Optional[bytes]:
         """The piece under ``key``, waiting up to ``wait_s`` (at most 600 s) for it to be published. ``after``: only a
@@ -351,10 +267,7 @@ class Exchange:
         deadline = time.monotonic() + min(max(wait_s, 0.0), 600.0)
 
         def ready() -> bool:
-            if key not in self._outbox:
-                return False
-            version, settled = self._versions.get(key, (0, True))
-            return after is None or settled or version > after
+            return self.outbox.piece(key, after) is not None
 
         self._waiting += 1  # before looking: a publish after the look sees it and wakes us
         try:
@@ -367,7 +280,7 @@ class Exchange:
                         break
         finally:
             self._waiting -= 1
-        return self._outbox.get(key) if ready() else None
+        return self.outbox.piece(key, after)
 
     async def _serve_chunks(self, request: pb.FetchRequest):
         if request.key in self._providers:
@@ -386,7 +299,7 @@ class Exchange:
         async for chunk in self._chunks(data):
             yield chunk
         if data is not None:  # the last chunk went out (a reader that went away closed the stream before)
-            self._was_read(request.key)
+            self.outbox.was_read(request.key)
 
     async def _chunks(self, data: Optional[bytes], state: bool = False):
         if data is None:

@@ -168,6 +168,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                                             self.run.lost_after_missed, self.run.forget_after_s, self.started):
             for table in (self.nodes, self.peers, self.issued, self.revocations_sent, self.rates):
                 table.pop(node_id, None)
+            self.store.forget_in_memory(node_id)
             logger.info("%s", why)
 
     async def _session(self, node_id: str, session: str, context) -> NodeRecord:

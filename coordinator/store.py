@@ -266,6 +266,11 @@ class Store:
                 (node.node_id, node.name, node.token_name, node.session_hash, node.joined, node.last_seen,
                  int(node.left), json.dumps(node.capabilities), json.dumps(node.metrics)))
 
+    def forget_in_memory(self, node_id: str) -> None:
+        """Drop what the store keeps in memory for ``node_id`` (a node the coordinator forgot); its rows stay."""
+        with self._pending_lock:
+            self._last_history.pop(node_id, None)
+
     def record_heartbeat(self, node: NodeRecord) -> None:
         """Remember a heartbeat's metrics; written with the next flush (at most ``flush_every_s`` later)."""
         with self._pending_lock:

@@ -35,7 +35,7 @@ from hivemind.utils.multiaddr import Multiaddr
 from cotrain.averaging.admission import Admission
 from cotrain.averaging.outbox import Askers, DepositBox, Outbox
 from cotrain.outage import Outage
-from cotrain.ratelimit import TokenBucket
+from cotrain.ratelimit import UploadLimiter
 from cotrain.v1 import swarm_pb2 as pb
 from cotrain import hivemind_private  # noqa: F401 - importing it mends hivemind's handler-task leak
 
@@ -66,28 +66,6 @@ def _oversized(size: int, max_bytes: Optional[int]) -> bool:
 async def _daemon_listen_maddr(_dht: DHT, node) -> Multiaddr:
     """Where the DHT's libp2p daemon listens for its clients (run in the DHT's process)."""
     return node.p2p.daemon_listen_maddr
-
-
-class UploadLimiter:
-    """``await limiter.take(n)`` returns once n more bytes may go out at ``rate_bps`` bits/s: a token bucket of
-    bytes that holds at most ``burst_s`` seconds of them, so an idle spell cannot be spent as a long burst.
-    """
-
-    def __init__(self, rate_bps: float, burst_s: float = 0.1, clock: Callable[[], float] = time.monotonic):
-        if rate_bps <= 0:
-            raise ValueError(f"--max-upload-mbps: must be > 0, got {rate_bps / 1e6}")
-        rate = rate_bps / 8.0  # bytes per second
-        self.clock = clock
-        self.bucket = TokenBucket(rate, max(1.0, rate * burst_s), clock())
-
-    def delay_for(self, nbytes: int) -> float:
-        """Seconds to wait before sending ``nbytes`` (and take them from the bucket)."""
-        return self.bucket.take(self.clock(), nbytes)
-
-    async def take(self, nbytes: int) -> None:
-        delay = self.delay_for(nbytes)
-        if delay > 0:
-            await asyncio.sleep(delay)
 
 
 class Exchange:

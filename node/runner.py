@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
-import sys
 import math
 import os
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Optional
 
 import grpc
@@ -25,7 +22,7 @@ import torch
 
 from cotrain.averaging import Admission, RoundAverager, build_strategy, load_record_key, start_dht, visible_maddrs
 from cotrain.averaging.admission import AdmissionError, public_key_from_bytes
-from cotrain.checkpoint import (CheckpointError, atomic_write_bytes, decode_checkpoint, load_checkpoint, named_state,
+from cotrain.checkpoint import (CheckpointError, decode_checkpoint, load_checkpoint, named_state,
                                 save_checkpoint)
 from cotrain.client import CoordinatorClient, CoordinatorUnavailable
 from cotrain.config import RunConfig
@@ -38,9 +35,11 @@ from cotrain.status import message_to_dict
 from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
+from cotrain.node.identity import NodeIdentity
 from cotrain.node.options import NodeOptions
 from cotrain.node.status_file import StatusFile
 from cotrain.node.step_record import StepRecord
+from cotrain.node.terminal import TerminalStatus, download_progress
 from cotrain.node.work import WorkQueue
 from cotrain.memory import release_freed_memory
 from cotrain.node.limits import (IdleMonitor, OtherProcessesLoad, format_cpu_list, lower_thread_priority, pin_cpus,
@@ -117,42 +116,7 @@ class Node:
         self.paused = False
         self.averaging: Optional[RoundAverager] = None
         self.admission: Optional[Admission] = None
-
-    # ---- identity ------------------------------------------------------------------------------------------------
-    def _identity_file(self) -> Optional[Path]:
-        return self.options.state_dir / "node.json" if self.options.state_dir else None
-
-    def _saved_node_id(self) -> str:
-        path = self._identity_file()
-        if path and path.exists():
-            try:
-                return json.loads(path.read_text()).get(self.options.coordinator, "")
-            except (OSError, ValueError):
-                return ""
-        return ""
-
-    def _keep_coordinator_key(self, public_key: bytes) -> None:
-        """Keep the coordinator's public key in the state dir (per coordinator address); a changed key is logged,
-        since it means the coordinator lost its state dir or is another one."""
-        if not self.options.state_dir:
-            return
-        path = self.options.state_dir / "coordinator-keys.json"
-        saved = json.loads(path.read_text()) if path.exists() else {}
-        previous = saved.get(self.options.coordinator)
-        if previous == public_key.hex():
-            return
-        if previous is not None:
-            logger.warning("the coordinator at %s signs with another key than last time: it lost its state dir or is "
-                           "another coordinator", self.options.coordinator)
-        saved[self.options.coordinator] = public_key.hex()
-        atomic_write_bytes(path, json.dumps(saved).encode())
-
-    def _save_node_id(self, node_id: str) -> None:
-        path = self._identity_file()
-        if path:
-            saved = json.loads(path.read_text()) if path.exists() else {}
-            saved[self.options.coordinator] = node_id
-            atomic_write_bytes(path, json.dumps(saved).encode())
+        self.identity = NodeIdentity(options.state_dir, options.coordinator)
 
     # ---- signals -------------------------------------------------------------------------------------------------
     def _install_signal_handlers(self) -> None:
@@ -172,8 +136,8 @@ class Node:
     def run(self) -> None:
         self._install_signal_handlers()
         opts = self.options
-        response = self.client.join(opts.token, opts.name, node_id=self._saved_node_id())
-        self._save_node_id(response.node_id)
+        response = self.client.join(opts.token, opts.name, node_id=self.identity.saved_node_id())
+        self.identity.save_node_id(response.node_id)
         cfg = RunConfig.from_toml(response.run.config_toml, origin="run config from the coordinator")
         logger.info("joined run %s as %s (node %s); %d initial peers", response.run.run_id, opts.name,
                     response.node_id[:8], len(response.initial_peers))
@@ -202,7 +166,7 @@ class Node:
                                        enabled=cfg.coordinator.data_plane_auth)
         except AdmissionError as e:
             raise SystemExit(f"the coordinator's JoinResponse: {e}") from None
-        self._keep_coordinator_key(response.coordinator_public_key)
+        self.identity.keep_coordinator_key(response.coordinator_public_key)
         record_key = load_record_key(opts.state_dir / "records.key" if opts.state_dir else None)
         # hivemind forks its DHT (and averager) process from this one: what exists now is shared with it until either
         # writes to it, and a collection walking every object writes to every page holding one. Frozen objects are
@@ -554,46 +518,3 @@ class Node:
                 self.averaging.board.sync_validator()
             if response.command == pb.DRAIN:
                 self.request_stop(f"coordinator asked to drain: {response.reason}")
-
-
-class TerminalStatus:
-    """A live status line on a terminal (rich); nothing when the node runs as a service."""
-
-    def __init__(self):
-        self._status = None
-        if sys.stderr.isatty():
-            from rich.console import Console
-
-            self._status = Console(stderr=True).status("training")
-            self._status.start()
-
-    def update(self, text: str) -> None:
-        if self._status is not None:
-            self._status.update(text)
-
-    def stop(self) -> None:
-        if self._status is not None:
-            self._status.stop()
-
-
-@contextlib.contextmanager
-def download_progress(what: str):
-    """A progress bar on a terminal, a log line per quarter otherwise; yields the callback(received, total)."""
-    if sys.stderr.isatty():
-        from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-
-        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                      TransferSpeedColumn(), transient=True) as bar:
-            task = bar.add_task(f"downloading {what}", total=None)
-            yield lambda done, total: bar.update(task, completed=done, total=total or None)
-        return
-    logged = [0]
-
-    def log(done: int, total: int) -> None:
-        quarter = 4 * done // total if total else 0
-        if quarter > logged[0]:
-            logged[0] = quarter
-            logger.info("downloading %s: %d of %d bytes", what, done, total)
-
-    yield log
-

@@ -119,7 +119,7 @@ def main() -> None:
     try:
         deadline = time.time() + 60
         while time.time() < deadline:
-            members = [p for p in strategy._peers if p.peer_id in member_ids]
+            members = [p for p in strategy.view.peers if p.peer_id in member_ids]
             if members:
                 break
             time.sleep(0.2)
@@ -149,7 +149,7 @@ def main() -> None:
         strategy.phase = "train"
         result["got_state"] = download_state(exchange, members, timeout=10.0, run_id=run_id) is not None
         for _ in range(args.attempts):
-            members = [p for p in strategy._peers if p.peer_id in admission.members]
+            members = [p for p in strategy.view.peers if p.peer_id in admission.members]
             if not members:
                 break
             with torch.no_grad():

@@ -21,7 +21,6 @@ import collections
 import dataclasses
 import functools
 import logging
-import math
 import multiprocessing as mp
 import signal
 import threading
@@ -38,40 +37,29 @@ from hivemind.utils import get_dht_time
 
 from cotrain.averaging.admission import Admission
 from cotrain.averaging.allreduce import AllReduceFailed, group_tag
+from cotrain.averaging.board_publisher import BoardPublisher
+from cotrain.averaging.board_view import (BoardView, awaiting_read, board_group, board_time, board_unknown,
+                                          fresh_view_due, kept_roster, peers_behind, round_split, view_stale,
+                                          view_steady)
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.ledger import SPEEDUP_BOUND, Ledger, agreed_count, said_counts
-from cotrain.averaging.groups import (Meeting, group_of, hold_meeting, host_key, host_of, kept_group, meeting_key,
-                                     meeting_piece_bound, plan_arrival_groups, plan_groups)
+from cotrain.averaging.groups import Meeting, hold_meeting, host_key, kept_group, meeting_key, meeting_piece_bound
 from cotrain.averaging.outcome import (Kind, RoundResult, credited_samples, majority_holders, members_of,
                                        round_outcome)
 from cotrain.averaging.overlap import PendingRound
 from cotrain.averaging.reduction import Feedback, Hosting, Reduction
 from cotrain.averaging.scheduler import Move, Situation, first_move, reads_paused, settle
-from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, board_steady,
-                                        groups_split, live_peers, round_decision, round_peers)
+from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, live_peers,
+                                        round_decision)
 from cotrain.averaging.state import STATE_KEY, Progress, StateHash, download_state, pick_donors
 from cotrain.checkpoint import Checkpoint, encode_checkpoint, named_state, shared_tensors_of
 from cotrain.config import AveragingConfig, CompressionConfig
 from cotrain.optim.schedule import RoundClock
-from cotrain.outage import Outage, Repeats
+from cotrain.outage import Repeats
 
 logger = logging.getLogger(__name__)
 
 ROUND_KEY_BITS = 16  # the round number, modulo 2**16, is the hivemind group key
-#: seconds between two reads of the coordinator's revocation list on the DHT. Heartbeat answers carry it within a
-#: heartbeat interval while the coordinator is up; the DHT is the way it reaches nodes whose coordinator link is
-#: down, so a few seconds is plenty, and reading every progress interval cost rounds 2% on 2 cores
-REVOCATIONS_READ_S = 5.0
-#: a steady group's members (see RoundAverager._steady) publish and read the board this many times less often: still
-#: within a record's life of three intervals, and a change (a peer that comes, goes or lags) is seen at most one
-#: interval later. The board's reads and stores are DHT requests that the DHT processes and libp2p daemons of every
-#: replica answer: at 8 nodes on 2 cores, ten rounds a second, they were a third of the rounds' CPU, and every
-#: other interval a tenth of the round's time
-STEADY_STRETCH = 2
-
-
-class PublishRefused(RuntimeError):
-    """No DHT node stored this peer's progress record (every one it reached refused it, or none answered)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -215,7 +203,7 @@ class RoundAverager(abc.ABC):
         self.reached_h_at: Optional[float] = None
         self.retry_at = 0.0
         #: a round failed because a groupmate planned another group: the next try waits for a board read begun after
-        #: this time (see :meth:`_awaiting_read`)
+        #: this time (see board_view.awaiting_read)
         self._reread_after = 0.0
         #: the last round whose meeting this peer went to, and how many meetings it held in it (each answered apart:
         #: groups.Meeting.attempt). With matchmaking to fall back on a round holds one meeting; "board_only" meets
@@ -244,17 +232,12 @@ class RoundAverager(abc.ABC):
         #: says nothing about the next (see :meth:`_view_stale`)
         self.sharded = self.board.shards > 1
         self.phase = "train"
-        self._peers: list[PeerProgress] = []
-        self._peers_read_at = 0.0  # when the read that returned _peers began
-        #: the live peers (ids) of the last read, and how many reads in a row before it showed the same (_steady)
-        self._last_live: frozenset = frozenset()
-        self._same_reads = 0
-        self._view_round = -1  # the round whose shard _peers was read from
         self._stop = threading.Event()
-        #: set when the round changes on a sharded board: publish in and read the new round's shard at once
-        self._wake = threading.Event()
-        self._board_read = threading.Event()
-        self._publisher = threading.Thread(target=self._publish_loop, name="progress", daemon=True)
+        #: this peer's record on the board, and its view of the others' (:attr:`view`), kept by a thread of its own
+        self._publisher = BoardPublisher(
+            self.board, cfg.progress_interval, progress=lambda: self.progress(self.phase), paused=self._reads_paused,
+            steady=lambda view: view_steady(view, self.sharded, self.peer_id, self.stats.last_group),
+            stats=self.stats, on_counts=self._observe_counts)
         #: hivemind's averager, for matchmaking; "board_only" has none (a process, and ~100 MB of PSS after a few
         #: minutes, less per node: forked from the node, its pages turn private as it runs; bench/scale.py)
         self.averager = (make_averager(dht, f"{run_id}_avg", cfg, client_mode=client_mode)
@@ -312,69 +295,11 @@ class RoundAverager(abc.ABC):
         """Forget this round's local work (after a resync the shared state has moved on)."""
 
     # ---- progress board ------------------------------------------------------------------------------------------
-    def _publish_loop(self) -> None:
-        revocations_read = 0.0
-        reading = Outage("progress board", logger)
-        storing = Outage("publishing this peer's progress", logger)
-        action = f"retrying every {self.cfg.progress_interval:g}s"
-        published = None  # the last publication's future, checked one interval later (never waited on)
-        last = (-1, "", -math.inf)  # the round and phase of the last record published, and when
-        while not self._stop.is_set():
-            paused = self._reads_paused()
-            # what we publish and what we read fail apart: a record no DHT node stored must not keep this peer from
-            # reading the others' (nor the revocation list)
-            try:
-                if published is not None and published.done():
-                    if published.result() is True:
-                        storing.succeeded()
-                    else:
-                        storing.failed(PublishRefused("no DHT node stored this peer's progress record"), action=action)
-                # a kept group's member (nobody plans with its record) publishes every other interval while its round
-                # and phase stay as they were: still well within the record's life of three intervals
-                if (not paused or last[:2] != (self.round, self.phase)
-                        or time.monotonic() - last[2] >= 1.5 * self.cfg.progress_interval):
-                    last = (self.round, self.phase, time.monotonic())
-                    published = self.board.publish(self.progress(self.phase))
-            except (OSError, EOFError) as e:
-                if not self._stop.is_set():  # shutting down, or the DHT briefly unreachable
-                    storing.failed(e, action=action)
-            except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, the board keeps going
-                if not self._stop.is_set():
-                    storing.failed(e, expected=False, action=action)
-            try:
-                if paused:
-                    self.stats.board_reads_skipped += 1
-                else:
-                    read_at, view_round = time.time(), self.round
-                    self.stats.board_reads += 1
-                    peers = self.board.read(shard=self.board.shard(view_round, self.peer_id))
-                    if peers is None:  # a DHT that did not answer in time leaves what we knew (it goes stale)
-                        raise TimeoutError("the DHT did not answer a read of the progress board in time")
-                    live = frozenset(p.peer_id for p in peers if p.phase != "left")
-                    self._same_reads = self._same_reads + 1 if live == self._last_live else 0
-                    self._last_live = live
-                    self._peers, self._peers_read_at, self._view_round = peers, read_at, view_round
-                    self._board_read.set()
-                    self._observe_counts((p.peer_id, p.round, p.contributed) for p in peers
-                                         if p.peer_id != self.peer_id)
-                if self.admission.enabled and time.monotonic() - revocations_read >= REVOCATIONS_READ_S:
-                    revocations_read = time.monotonic()
-                    self.board.read_revocations()
-                if not paused:
-                    reading.succeeded()
-            except (TimeoutError, OSError, EOFError) as e:
-                if not self._stop.is_set():
-                    reading.failed(e, action=action)
-            except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, the board keeps going
-                if not self._stop.is_set():
-                    reading.failed(e, expected=False, action=action)
-            self._wake.wait(self.cfg.progress_interval * (STEADY_STRETCH if self._steady() else 1))
-            self._wake.clear()
-
-    def _steady(self) -> bool:
-        """The board has nothing new to say (:func:`~cotrain.averaging.progress.board_steady`): the publisher stores
-        and reads every STEADY_STRETCH intervals."""
-        return board_steady(self.sharded, self._same_reads, self._last_live, self.peer_id, self.stats.last_group)
+    @property
+    def view(self) -> BoardView:
+        """The progress board as of the publisher's last read. Take it once and judge from that value: the
+        publisher replaces it whole while a round runs."""
+        return self._publisher.view
 
     def _reads_paused(self) -> bool:
         """A kept group's member reads no board until its group's meeting of this round failed: the group meets from
@@ -383,7 +308,7 @@ class RoundAverager(abc.ABC):
         on publishing its record. Every read is a DHT traversal that the replicas it visits answer, and at 32 nodes
         on a sixteenth of a core each the DHT process and libp2p daemon took 0.031 CPUs of a node's 0.056, its
         training 0.024 (bench/scale.py, /proc over 40 s); at 4 nodes 0.014 and 0.037."""
-        return reads_paused(self._kept_group() is not None, self._met_round == self.round)
+        return reads_paused(self._kept_group(self.view) is not None, self._met_round == self.round)
 
     def progress(self, phase: str = "train") -> PeerProgress:
         return PeerProgress(self.peer_id, self.round, self.steps_in_round, self.samples_in_round, phase,
@@ -420,16 +345,18 @@ class RoundAverager(abc.ABC):
         deadline = time.time() + timeout
         said = time.time()
         while True:
+            view = self.view
             # a sharded board's view is one shard: count the swarm from every shard (O(N), once at a start)
-            peers = (self.board.read_all() or []) if self.sharded else self._peers
-            live = {p.peer_id for p in live_peers(self._board_time(), self.progress(), peers, self.rules)}
+            peers = (self.board.read_all() or []) if self.sharded else view.peers
+            live = {p.peer_id for p in live_peers(board_time(view, time.time(), self.rules), self.progress(), peers,
+                                                  self.rules)}
             live.add(self.peer_id)
             if len(live) >= count or time.time() >= deadline or (stop is not None and stop.is_set()):
                 return len(live)
             if time.time() - said >= 30.0:
                 said = time.time()
                 logger.info("waiting for peers: %d of %d on the progress board (%d records read %.0fs ago)",
-                            len(live), count, len(peers), time.time() - self._peers_read_at)
+                            len(live), count, len(peers), time.time() - view.read_at)
             time.sleep(self.cfg.progress_interval * (2 if self.sharded else 0.5))  # every shard: less often
 
     # ---- shared state --------------------------------------------------------------------------------------------
@@ -516,8 +443,8 @@ class RoundAverager(abc.ABC):
         step, so their state is asked for again for up to ``matchmaking_time``); then as without."""
         if prefer and self._load_from(prefer, min_round, timeout):
             return True
-        self._board_read.wait(timeout=min(timeout, 3 * self.cfg.progress_interval + 5.0))
-        donors = pick_donors(time.time(), self.peer_id, self._peers, self.rules.stale_after)
+        self._publisher.wait_for_read(timeout=min(timeout, 3 * self.cfg.progress_interval + 5.0))
+        donors = pick_donors(time.time(), self.peer_id, self.view.peers, self.rules.stale_after)
         if not donors and self.sharded:  # nobody in our shard's key: look in every shard
             donors = pick_donors(time.time(), self.peer_id, self.board.read_all() or [], self.rules.stale_after)
         result = download_state(self.exchange, donors, timeout, on_progress, run_id=self.run_id)
@@ -566,29 +493,31 @@ class RoundAverager(abc.ABC):
         if self.steps_in_round >= self.cfg.inner_steps and self.reached_h_at is None:
             self.reached_h_at = now
             if self.sharded:  # read the shard afresh for the early meeting (see _meets_early)
-                self._wake.set()
+                self._publisher.wake()
         pending = self._pending
         if pending is not None:
             if not pending.future.done() and self.steps_in_round < self.cfg.inner_steps:
                 return None  # the round's all-reduce runs on while we train
             self._finish_round(pending, self._result_of(pending))  # waits once the next round's steps are taken
             now = time.time()
+        view = self.view  # every test of this step judges the same read
         situation = Situation(now, self.cfg.inner_steps, reached_h=self.reached_h_at is not None,
                               met_this_round=self._met_round == self.round, retry_at=self.retry_at,
                               matchmaking_only=self.cfg.group_formation == "matchmaking",
-                              kept_group=self._kept_group() is not None, round=self.round,
-                              waiter=self._waited_for(), awaiting_read=self._awaiting_read(now),
-                              board_unknown=self._board_unknown(now), view_stale=self._view_stale())
+                              kept_group=self._kept_group(view) is not None, round=self.round,
+                              waiter=self._waited_for(view),
+                              awaiting_read=awaiting_read(view, now, self._reread_after, self.rules),
+                              board_unknown=board_unknown(view, now, self.rules), view_stale=self._view_stale(view))
         plan = first_move(situation)
         if plan is None:
-            board_now = self._board_time()
-            split = self._split(board_now)
-            planned = self._board_group(board_now) if split and self.reached_h_at is not None else None
-            decision = round_decision(board_now, self.progress(), self._peers, self.rules, self.reached_h_at,
+            board_now = board_time(view, time.time(), self.rules)
+            split = self._split(view, board_now)
+            planned = self._board_group(view, board_now) if split and self.reached_h_at is not None else None
+            decision = round_decision(board_now, self.progress(), view.peers, self.rules, self.reached_h_at,
                                       alone_waits=self.sharded, split=split,
                                       group=None if planned is None else planned[0])
             plan = settle(decision, situation,
-                          decision.action is Action.TRAIN and self._meets_early(board_now))
+                          decision.action is Action.TRAIN and self._meets_early(view, board_now))
         if plan.move is Move.TRAIN:
             return None
         self.stats.last_reason = plan.reason
@@ -599,53 +528,33 @@ class RoundAverager(abc.ABC):
         self._average(plan.early, announce=plan.announce)
         return Decision(Action.AVERAGE, plan.reason)
 
-    def _board_unknown(self, now: float) -> bool:
-        """No read of the board came in for ``stale_after``: this peer does not know who is there, so it trains on
-        rather than ending rounds by itself. With 16 nodes on 2 cores nodes whose reads timed out concluded they
-        were alone, averaged by themselves and ran ahead on a state nobody shared (thrown away at their next resync);
-        a peer whose DHT is down keeps its local progress for when it is back."""
-        return now - self._peers_read_at > self.rules.stale_after
-
-    def _view_stale(self) -> bool:
-        """A sharded board's view is of the shard of the round it was read at: once the round moved on, it shows
-        last round's shardmates, not this round's. Train on until the new round's shard is read (the publisher is
-        woken at once)."""
-        if not self.sharded or self._view_round == self.round:
+    def _view_stale(self, view: BoardView) -> bool:
+        """board_view.view_stale, and when it is: the publisher is woken to read the new round's shard at once."""
+        if not view_stale(view, self.sharded, self.round):
             return False
-        self._wake.set()
+        self._publisher.wake()
         return True
 
-    def _awaiting_read(self, now: float) -> bool:
-        """After a meeting whose groupmates had planned another group: no new try until a read of the board that
-        began since has come in (at most ``stale_after``, should reads fail). Before this a newcomer to a fast swarm
-        never caught up: the others' group formed without it, it fell back to matchmaking alone (seconds), and by
-        then they were many rounds on."""
-        return self._peers_read_at <= self._reread_after and now < self._reread_after + self.rules.stale_after
-
-    def _board_time(self) -> float:
-        """The time the board's records are judged at: when its last read began, so that a slow read does not make
-        every peer look gone (8 nodes on 2 cores took seconds to read it, and nodes concluded they were alone and
-        averaged by themselves); once no read has come for ``stale_after``, time moves on again, so that the peers
-        of a DHT this node cannot reach do go stale."""
-        now = time.time()
-        return max(min(now, self._peers_read_at), now - self.rules.stale_after)
-
-    def _meets_early(self, now: float) -> bool:
+    def _meets_early(self, view: BoardView, now: float) -> bool:
         """With board groups, a peer that took its H steps goes to the round's meeting at once (once a round):
         peers that get there together start the all-reduce a round trip after the last one, instead of a board
         read or two later (rounds paced by progress_interval). A meeting that does not fill (a slower peer) sends
         it back to training, and round_decision's waiting goes on as without it."""
         return (self.cfg.group_formation != "matchmaking" and self.reached_h_at is not None
-                and self._met_round != self.round and not self._fresh_view_due()
-                and not self._peers_behind(now) and self._board_group(now) is not None)
+                and self._met_round != self.round
+                and not fresh_view_due(view, self.sharded, self.reached_h_at, self._kept_group(view) is not None)
+                and not peers_behind(view, now, self.progress(), self.rules, self._split(view, now),
+                                     self.stats.last_group)
+                and self._board_group(view, now) is not None)
 
-    def _waited_for(self) -> Optional[str]:
+    def _waited_for(self, view: BoardView) -> Optional[str]:
         """A peer of this round that asked for this peer's meeting in the last second while it had none out (it was
         training): the peer waits at the meeting, for its host or (its view made us the host) as a walk-in. The board
         would tell it a read or two later (at 32 nodes, reads every 4 s: members waited for a host that was
         training, 99 times in one run); the request tells it at once. -> the peer's id, or None."""
+        # awaiting a read: our view failed a meeting, and the same view would fail again
         if (self.cfg.group_formation == "matchmaking" or self.steps_in_round == 0 or self._pending is not None
-                or self._awaiting_read(time.time())):  # our view failed a meeting: the same view would fail again
+                or awaiting_read(view, time.time(), self._reread_after, self.rules)):
             return None
         askers = self.exchange.askers(meeting_key(self.round), within_s=1.0)
         return min(askers) if askers else None
@@ -662,81 +571,18 @@ class RoundAverager(abc.ABC):
                 continue
         return out
 
-    def _kept_group(self) -> Optional[list[str]]:
-        """The group this peer averaged with at the round before, when it stays together for this round
-        (averaging.group_rounds > 1, and this round is no multiple of it): every member, this one included, as the
-        host's roster listed them, so that all of them plan the same group without reading the board. None when
-        groups are planned from the board this round, or when none of its other members is on the board any more: the
-        last read showed none of them (their records expired) or showed them gone. Not judged by the records' age:
-        while the group is kept, reads pause (:meth:`_reads_paused`) and its members' records only grow older."""
-        present = {p.peer_id for p in self._peers if p.phase != "left"}
-        return kept_group(self._kept, self.round, self.cfg.group_rounds, present=present.__contains__,
-                          me=self.peer_id)
+    def _kept_group(self, view: BoardView) -> Optional[list[str]]:
+        """The group of the round before when it meets again this round (board_view.kept_roster), or None."""
+        return kept_roster(view, self._kept, self.round, self.cfg.group_rounds, self.peer_id)
 
-    def _fresh_view_due(self) -> bool:
-        """On a sharded board the early meeting waits for a read of the shard begun once this peer took its H steps
-        (the publisher is woken then): the view it came to the round with shows only the peers that came before
-        it, and it would plan its group without those that came since."""
-        return (self.sharded and self.reached_h_at is not None and self._peers_read_at < self.reached_h_at
-                and self._kept_group() is None)
+    def _split(self, view: BoardView, now: float) -> bool:
+        return round_split(view, now, self.progress(), self.rules, self.sharded, self.cfg.target_group_size)
 
-    def _split(self, now: float) -> bool:
-        """The round's peers average in several groups: the board is sharded, or it shows more live peers than
-        ``target_group_size`` (see round_decision's ``split``)."""
-        return groups_split(self.sharded, self.cfg.target_group_size,
-                            len(live_peers(now, self.progress(), self._peers, self.rules)))
-
-    def _peers_behind(self, now: float) -> bool:
-        """A live peer the board shows at an earlier round (a node that just joined or came back, resynchronising):
-        round_decision waits for it (up to round_wait), and so must the early meeting. Meeting at once without it, a
-        fast swarm (rounds shorter than a board read) left a returning node behind round after round."""
-        me = self.progress()
-        lag = 2 if self._split(now) else 1  # split: a peer one round behind finishes it with its own group
-        return any(p.round <= me.round - lag and p.phase != "paused" and p.peer_id not in self.stats.last_group
-                   for p in live_peers(now, me, self._peers, self.rules))
-
-    def _board_group(self, now: float) -> Optional[tuple[list[str], str]]:
-        """This peer's planned group for the round, from the board, and its host (groups.host_of: a member that can
-        be dialled); None when it cannot meet: nobody else is there, or none of its members can be dialled
-        (all behind NAT: nobody could fetch a meeting; every member sees the same flags on the board, so none of
-        them meets, or with "board" they all go to matchmaking together). Members behind NAT meet through the host,
-        never fetching each other."""
-        kept = self._kept_group()
-        if kept is not None:  # the group of the round before meets again: its roster is the plan
-            gone = {p.peer_id for p in self._peers if p.phase == "left"}
-            members = [peer for peer in kept if peer not in gone]
-            dial_out_only = {p.peer_id for p in self._peers if not p.reducer} | (
-                {self.peer_id} if self.client_mode else set())
-            host = host_of(members, lambda peer: peer not in dial_out_only, self._host_turn())
-            return (members, host) if len(members) >= 2 and host is not None else None
-        # on a sharded board last round's groupmates are in other shards now: only this round's shard counts
-        here = round_peers(now, self.progress(), self._peers, self.rules,
-                           () if self.sharded else self.stats.last_group)
-        if self.sharded:  # the shard's peers in the order they came: a newcomer changes no group but the last
-            since = {p.peer_id: p.since for p in self._peers}
-            groups = plan_arrival_groups([(self.round_since, self.peer_id), *((since[p], p) for p in here)],
-                                         self.cfg.target_group_size)
-        else:
-            groups = plan_groups(self.round, [self.peer_id, *here], self.cfg.target_group_size, self.run_id)
-        members = group_of(self.peer_id, groups)
-        if members == [self.peer_id] and len(groups) > 1:
-            # the last of the shard's arrivals, alone: walk into the group before (its host takes walk-ins up to
-            # groups.max_group_size), rather than wait for a next peer that may not come this round. Its members'
-            # plans stay as they were: only this peer plans the bigger group
-            members = [*groups[-2], self.peer_id]
-        dial_out_only = {p.peer_id for p in self._peers if not p.reducer}
-        if self.client_mode:
-            dial_out_only.add(self.peer_id)
-        # a sharded round's host is the first of its arrival order (a walk-in, last, keeps it); a shuffled plan's
-        # takes turns
-        host = host_of(members, lambda peer: peer not in dial_out_only, None if self.sharded else self._host_turn())
-        if len(members) < 2 or host is None:
-            return None
-        return members, host
-
-    def _host_turn(self) -> str:
-        """What draws the host of an unsharded or kept group (groups.host_of): the run and the round."""
-        return f"{self.run_id}/{self.round}"
+    def _board_group(self, view: BoardView, now: float) -> Optional[tuple[list[str], str]]:
+        """This peer's planned group of the round and its host (board_view.board_group), or None."""
+        return board_group(view, now, self.progress(), self.rules, kept=self._kept_group(view),
+                           last_group=self.stats.last_group, sharded=self.sharded,
+                           target_group_size=self.cfg.target_group_size, run_id=self.run_id)
 
     def _resync(self, prefer: Sequence[str] = (), min_round: int = 0) -> None:
         self.stats.resyncs += 1
@@ -749,10 +595,10 @@ class RoundAverager(abc.ABC):
         not all come, train on (no matchmaking, no retry delay). ``announce``: tell the round's peers on the board
         (not when a groupmate already waits at the meeting: it knows)."""
         contribution = self.contribution()
-        board_now = self._board_time()
-        peers_here = [p for p in live_peers(board_now, self.progress(), self._peers, self.rules)
-                      if p.round == self.round]
-        if not live_peers(board_now, self.progress(), self._peers, self.rules) and self._kept_group() is None:
+        view = self.view
+        live = live_peers(board_time(view, time.time(), self.rules), self.progress(), view.peers, self.rules)
+        peers_here = [p for p in live if p.round == self.round]
+        if not live and self._kept_group(view) is None:
             swarm = self.swarm_view()  # before our own samples join the ledger: they are the round's
             self._count_own(self.samples_in_round)
             self._apply_and_advance(contribution, group_size=1, clock=self.clock, swarm=swarm,
@@ -838,7 +684,7 @@ class RoundAverager(abc.ABC):
                 self.steps_in_round, self.samples_in_round, self.reached_h_at)
             self.give_back_round(launch)
         if kept_group(self._kept, launch.round, self.cfg.group_rounds) is not None:
-            self._wake.set()  # a kept group's meeting failed: its members read the board again, at once
+            self._publisher.wake()  # a kept group's meeting failed: its members read the board again, at once
         if result.kind is Kind.UNFILLED:  # _meet said why; train on, round_decision says when to try again
             return
         self.stats.last_reason = f"round {launch.round}: {result.reason}; training on and retrying"
@@ -866,7 +712,8 @@ class RoundAverager(abc.ABC):
         ``disagreed`` when the host or a groupmate planned otherwise (the caller waits for a fresh board read), else
         the caller falls back to hivemind's matchmaking. ``hosting``: the round's all-reduce rides with the meeting
         (this peer's contribution goes with its meeting; a host reduces the group's)."""
-        planned = self._board_group(self._board_time())
+        view = self.view
+        planned = self._board_group(view, board_time(view, time.time(), self.rules))
         self._meeting_held = False  # whether this try went to a meeting (one that did not fill is held again)
         self._meetings_held = self._meetings_held + 1 if self._met_round == launch.round else 1
         self._met_round = launch.round
@@ -889,11 +736,14 @@ class RoundAverager(abc.ABC):
             return self.admission.check(cred, peer, "a place in an averaging group").ok
 
         self._meeting_held = True
+        # the meeting waits up to matchmaking_time: these ask the view as it is when they are called, reads included
+        # that came in since the group was planned
         def gone(peer: str) -> bool:  # it said on the board that it left (a node stopping after its last round)
-            return any(p.peer_id == peer and p.phase == "left" for p in self._peers)
+            return any(p.peer_id == peer and p.phase == "left" for p in self.view.peers)
 
         def follow(group: str) -> Optional[tuple[str, PeerID]]:  # the host a meeting names, if our view knows it
-            there = next((p for p in self._peers if p.reducer and host_key(launch.round, p.peer_id) == group), None)
+            there = next((p for p in self.view.peers if p.reducer and host_key(launch.round, p.peer_id) == group),
+                         None)
             return None if there is None else (there.peer_id, peer_id_of(there.peer_id))
 
         # the early meeting (this peer just took its H steps) waits for all its planned groupmates, or trains on
@@ -902,7 +752,8 @@ class RoundAverager(abc.ABC):
         outcome = hold_meeting(self.exchange, self.peer_id, mine, host, peers, self.cfg.matchmaking_time,
                                self.cfg.request_timeout, admitted, self._stop, subset=not launch.early, gone=gone,
                                walk_ins=True, target=self.cfg.target_group_size,
-                               dialable=lambda peer: not any(p.peer_id == peer and not p.reducer for p in self._peers),
+                               dialable=lambda peer: not any(p.peer_id == peer and not p.reducer
+                                                             for p in self.view.peers),
                                follow=follow, payload=hosting.piece if hosting else b"",
                                reduce=hosting.reduce if hosting else None,
                                max_rest=hosting.max_rest if hosting else 0)
@@ -1058,8 +909,7 @@ class RoundAverager(abc.ABC):
         if self._worker is not None:
             self._worker.shutdown(wait=False, cancel_futures=True)
         self._stop.set()
-        self._wake.set()
-        self._publisher.join(timeout=5)
+        self._publisher.stop()
         try:  # tell the peers at once that we are gone, rather than letting our record expire
             self.board.publish(self.progress("left"))
         except Exception as e:  # noqa: BLE001 - the record then expires by itself within its TTL

@@ -192,7 +192,7 @@ class BoardSim:
         return kept_group(p.kept, p.round, self.cfg.group_rounds)
 
     def _planned(self, p: Peer, now: float) -> list[str]:
-        """``p``'s group of its round, planned from its view (the node's _board_group)."""
+        """``p``'s group of its round, planned from its view (the node's board_view.board_group)."""
         sharded = len(self.shards) > 1
         here = round_peers(p.read_at, p.progress(now), p.view, self.rules, () if sharded else p.last_group)
         if sharded:
@@ -207,7 +207,7 @@ class BoardSim:
 
     def _go_to_meeting(self, p: Peer, now: float) -> None:
         kept = self._kept_group(p)
-        if kept is not None:  # the group of the round before meets again (the node's _kept_group)
+        if kept is not None:  # the group of the round before meets again (the node's board_view.kept_roster)
             p.met_round = p.round
             key = (p.round, host_of(kept, lambda peer: True))
             self.meetings.setdefault(key, {})[p.name] = now
@@ -265,7 +265,7 @@ class BoardSim:
         p.samples += 8
         if p.steps >= self.cfg.inner_steps and p.reached_h_at is None:
             p.reached_h_at = now
-            if len(self.shards) > 1:  # the node reads its shard afresh for the early meeting (_fresh_view_due)
+            if len(self.shards) > 1:  # the node reads its shard afresh for the early meeting (fresh_view_due)
                 self._read(p, now)
         if (p.meeting is None and p.reached_h_at is not None and p.met_round != p.round and now >= p.retry_at
                 and self._kept_group(p) is not None):  # as the node: no board read to wait for

@@ -1,6 +1,7 @@
 """Does hivemind's libp2p daemon keep memory for calls its caller gave up on? Two peers on loopback, batch after batch.
 
-    python bench/daemon_memory.py [--calls 2000] [--batches 6] [--json FILE]
+    python bench/daemon_memory.py [--calls 2000] [--batches 6] [--json FILE] [--markdown FILE]
+    python bench/daemon_memory.py --report FILE.json [--markdown FILE]
 
 The swarm's requests end in two ways: answered, or cancelled by the caller's timeout (a DHT request past its
 ``wait_timeout``, a fetch from a peer that went away). A daemon that kept something for each cancelled call (a
@@ -17,9 +18,11 @@ JSON: ``{"rows": [{"mode", "batch", "calls", "answered", "caller_uss_mb", "serve
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -111,6 +114,35 @@ def growth(rows: list[dict]) -> dict:
                 server_mb_last_half=round(half[-1]["server_uss_mb"] - half[0]["server_uss_mb"], 1))
 
 
+def report(results: dict) -> None:
+    print_table("libp2p daemon memory after batches of calls (USS MB)",
+                ["mode", "calls", "answered", "caller MB", "server MB", "caller fds", "server fds"],
+                [[r["mode"], r["calls"], r["answered"], r["caller_uss_mb"], r["server_uss_mb"], r["caller_fds"],
+                  r["server_fds"]] for r in results["rows"]])
+    print_table("growth over the last half of the batches (MB)", ["mode", "caller", "server"],
+                [[g["mode"], g["caller_mb_last_half"], g["server_mb_last_half"]] for g in results["growth"]])
+
+
+def write_markdown(path: Optional[str], results: dict) -> None:
+    if not path:
+        return
+    m = results.get("meta", {})
+    lines = ["# libp2p daemon memory: `bench/daemon_memory.py`", "",
+             f"- `{m.get('command', '')}` at commit {m.get('commit', '?')}, {m.get('date', '')}, {m.get('machine', '')}",
+             "", "Growth over the last half of the batches (MB of USS; a leak grows batch after batch):", "",
+             "| mode | caller daemon | server daemon |", "|---|---|---|"]
+    lines += [f"| {g['mode']} | {g['caller_mb_last_half']} | {g['server_mb_last_half']} |" for g in results["growth"]]
+    lines += ["", "Every batch:", "", "| mode | calls | answered | caller MB | server MB | caller fds | server fds |",
+              "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['mode']} | {r['calls']} | {r['answered']} | {r['caller_uss_mb']} | {r['server_uss_mb']} | "
+              f"{r['caller_fds']} | {r['server_fds']} |" for r in results["rows"]]
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + ".part")
+    part.write_text("\n".join(lines) + "\n")
+    part.replace(target)
+
+
 def main() -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--calls", type=int, default=2000, help="calls a batch")
@@ -118,7 +150,14 @@ def main() -> int:
     parser.add_argument("--delay", type=float, default=0.2, help="seconds the handler takes to answer")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     parser.add_argument("--json", default=None)
+    parser.add_argument("--markdown", default=None)
+    parser.add_argument("--report", default=None, metavar="JSON", help="print the table of a run's --json")
     args = parser.parse_args()
+    if args.report:
+        results = json.loads(Path(args.report).read_text())
+        report(results)
+        write_markdown(args.markdown, results)
+        return 0
     results = dict(rows=[], growth=[], meta=run_meta())
     with interruptible():
         for mode in args.modes:
@@ -126,12 +165,8 @@ def main() -> int:
             results["rows"] += rows
             results["growth"].append(growth(rows))
             write_json(args.json, results)
-    print_table("libp2p daemon memory after batches of calls (USS MB)",
-                ["mode", "calls", "answered", "caller MB", "server MB", "caller fds", "server fds"],
-                [[r["mode"], r["calls"], r["answered"], r["caller_uss_mb"], r["server_uss_mb"], r["caller_fds"],
-                  r["server_fds"]] for r in results["rows"]])
-    print_table("growth over the last half of the batches (MB)", ["mode", "caller", "server"],
-                [[g["mode"], g["caller_mb_last_half"], g["server_mb_last_half"]] for g in results["growth"]])
+    report(results)
+    write_markdown(args.markdown, results)
     return 0
 
 

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from cotrain.averaging.groups import (MAX_MEETING_BYTES, MAX_ROSTER_BYTES, Meeting, Roster, decode_answer, group_of,
-                                      hold_meeting, host_key, host_of, join_piece, kept_group, max_group_size,
-                                      meeting_outcome, plan_arrival_groups, plan_groups, split_piece)
+from cotrain.averaging.groups import group_of, host_of, kept_group, plan_arrival_groups, plan_groups
+from cotrain.averaging.meeting import (MAX_MEETING_BYTES, MAX_ROSTER_BYTES, Meeting, Roster, decode_answer,
+                                       hold_meeting, host_key, join_piece, max_group_size, meeting_outcome,
+                                       split_piece)
 
 PEERS = [f"Qm{i:02d}" for i in range(10)]
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cotrain.averaging.groups import Meeting
+from cotrain.averaging.meeting import Meeting
 from cotrain.averaging.ledger import (MAX_COUNT, MAX_ENTRIES, Ledger, agreed_count, checked_count, said_counts)
 
 

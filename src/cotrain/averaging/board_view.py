@@ -138,7 +138,7 @@ def board_group(view: BoardView, now: float, me: PeerProgress, rules: RoundRules
     members = group_of(me.peer_id, groups)
     if members == [me.peer_id] and len(groups) > 1:
         # the last of the shard's arrivals, alone: walk into the group before (its host takes walk-ins up to
-        # groups.max_group_size), rather than wait for a next peer that may not come this round. Its members'
+        # meeting.max_group_size), rather than wait for a next peer that may not come this round. Its members'
         # plans stay as they were: only this peer plans the bigger group
         members = [*groups[-2], me.peer_id]
     # a sharded round's host is the first of its arrival order (a walk-in, last, keeps it); a shuffled plan's

@@ -25,7 +25,7 @@ from cotrain.averaging.allreduce import (butterfly_allreduce, contribution_piece
                                         hosted_average, hosted_reduce, weighted_mean)
 from cotrain.averaging.attacks import make_attack
 from cotrain.averaging.exchange import Exchange
-from cotrain.averaging.groups import MAX_ROSTER_MEMBERS
+from cotrain.averaging.meeting import MAX_ROSTER_MEMBERS
 from cotrain.averaging.robust import build_aggregator
 from cotrain.compression import NoCompression, PowerSGD, SparseLowBit, make_codec
 from cotrain.config import AveragingConfig, CompressionConfig
@@ -177,7 +177,7 @@ class Reduction:
 @dataclass
 class Hosting:
     """A round whose all-reduce rides with the board's meeting: this peer's contribution (``piece``, with its meeting)
-    and, should it host the group, the reduction of the group's (:meth:`reduce`, called by groups.hold_meeting).
+    and, should it host the group, the reduction of the group's (:meth:`reduce`, called by meeting.hold_meeting).
     The piece is encoded when the meeting first asks for it: a try that finds no group on the board (a peer waiting
     for its shardmates tries at every step) encodes nothing."""
 

@@ -43,7 +43,8 @@ from cotrain.averaging.board_view import (BoardView, awaiting_read, board_group,
                                           view_steady)
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.ledger import SPEEDUP_BOUND, Ledger, agreed_count, said_counts
-from cotrain.averaging.groups import Meeting, hold_meeting, host_key, kept_group, meeting_key, meeting_piece_bound
+from cotrain.averaging.groups import kept_group
+from cotrain.averaging.meeting import Meeting, hold_meeting, host_key, meeting_key, meeting_piece_bound
 from cotrain.averaging.outcome import (Kind, RoundResult, credited_samples, majority_holders, members_of,
                                        round_outcome)
 from cotrain.averaging.overlap import PendingRound
@@ -206,7 +207,7 @@ class RoundAverager(abc.ABC):
         #: this time (see board_view.awaiting_read)
         self._reread_after = 0.0
         #: the last round whose meeting this peer went to, and how many meetings it held in it (each answered apart:
-        #: groups.Meeting.attempt). With matchmaking to fall back on a round holds one meeting; "board_only" meets
+        #: meeting.Meeting.attempt). With matchmaking to fall back on a round holds one meeting; "board_only" meets
         #: again at every try
         self._met_round = -1
         #: (round, its group: every member, this peer included) of the last round this peer's group met at on the
@@ -561,7 +562,7 @@ class RoundAverager(abc.ABC):
 
     def _walk_ins(self, round_number: int) -> dict[str, PeerID]:
         """The peers that asked for this peer's meeting of ``round_number`` within the meeting's wait (id -> address):
-        their view of the board made this peer their host (groups.hold_meeting takes them in)."""
+        their view of the board made this peer their host (meeting.hold_meeting takes them in)."""
         asked = self.exchange.askers(meeting_key(round_number), within_s=self.cfg.matchmaking_time)
         out = {}
         for peer in asked:
@@ -707,7 +708,7 @@ class RoundAverager(abc.ABC):
     def _meet(self, launch: PendingRound,
               hosting: Optional[Hosting] = None) -> tuple[Optional[tuple[list, dict, bytes]], str, bool]:
         """Form this round's group from the progress board (cotrain.averaging.groups): plan the groups of the peers
-        at this round, and meet the others at the group's host (groups.hold_meeting: the host decides who goes).
+        at this round, and meet the others at the group's host (meeting.hold_meeting: the host decides who goes).
         -> ((group, info by peer id, the host's result), "", False) when they go; (None, why, disagreed) when not:
         ``disagreed`` when the host or a groupmate planned otherwise (the caller waits for a fresh board read), else
         the caller falls back to hivemind's matchmaking. ``hosting``: the round's all-reduce rides with the meeting

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from cotrain.averaging.dht import REPLICAS, SEARCH_BEAM
-from cotrain.averaging.groups import (group_of, host_of, kept_group, max_group_size, plan_arrival_groups,
-                                     plan_groups)
+from cotrain.averaging.groups import group_of, host_of, kept_group, plan_arrival_groups, plan_groups
+from cotrain.averaging.meeting import max_group_size
 from cotrain.averaging.progress import (Action, PeerProgress, RoundRules, groups_split, live_peers, round_decision,
                                         round_peers, shard_of)
 
@@ -223,10 +223,10 @@ class BoardSim:
 
     def _settle_meetings(self, now: float) -> None:
         for key, came in list(self.meetings.items()):
-            host = self.by_name[key[1]]  # its plan decides (groups.hold_meeting), once it came
+            host = self.by_name[key[1]]  # its plan decides (meeting.hold_meeting), once it came
             planned = host.meeting[2] if key[1] in came and host.meeting and host.meeting[1] == key else None
             members = []
-            if planned is not None:  # the host's plan, and walk-ins up to the bound (groups.meeting_outcome)
+            if planned is not None:  # the host's plan, and walk-ins up to the bound (meeting.meeting_outcome)
                 members = [m for m in planned if m in came]
                 walked = sorted(m for m in came if m not in planned)
                 members += walked[:max(0, max_group_size(self.cfg.group) - len(members))]

@@ -2,7 +2,7 @@
 
 import threading
 
-from cotrain.averaging.rounds import FLAGGED_PEERS, HISTORY_ROUNDS, RoundStats
+from cotrain.averaging.round_stats import FLAGGED_PEERS, HISTORY_ROUNDS, RoundStats
 
 
 def test_round_stats_are_read_as_a_snapshot_that_later_rounds_do_not_change():

@@ -8,7 +8,9 @@ from cotrain.averaging.diloco import DiLoCo
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.progress import Action, Decision, PeerProgress, ProgressBoard, RoundRules, round_decision
 from cotrain.averaging.admission import Admission, AdmissionError, Verdict
-from cotrain.averaging.rounds import RoundAverager, RoundStats, make_averager
+from cotrain.averaging.matchmaking import make_averager
+from cotrain.averaging.round_stats import RoundStats
+from cotrain.averaging.rounds import RoundAverager
 from cotrain.averaging.state import STATE_KEY, download_state, pick_donors
 from cotrain.averaging.sync import SyncAveraging
 from cotrain.optim.schedule import Schedule, lr_factor

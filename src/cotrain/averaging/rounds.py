@@ -17,20 +17,14 @@ of one round meet), run a butterfly all-reduce of their compressed contributions
 from __future__ import annotations
 
 import abc
-import collections
-import dataclasses
 import functools
 import logging
-import multiprocessing as mp
-import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import torch
-from hivemind.averaging import DecentralizedAverager
 from hivemind.dht import DHT
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
@@ -48,7 +42,9 @@ from cotrain.averaging.meeting import Meeting, hold_meeting, host_key, meeting_k
 from cotrain.averaging.outcome import (Kind, RoundResult, credited_samples, majority_holders, members_of,
                                        round_outcome)
 from cotrain.averaging.overlap import PendingRound
+from cotrain.averaging.matchmaking import make_averager, round_group_bits
 from cotrain.averaging.reduction import Feedback, Hosting, Reduction
+from cotrain.averaging.round_stats import RoundStats
 from cotrain.averaging.scheduler import Move, Situation, first_move, reads_paused, settle
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, live_peers,
                                         round_decision)
@@ -60,101 +56,12 @@ from cotrain.outage import Repeats
 
 logger = logging.getLogger(__name__)
 
-ROUND_KEY_BITS = 16  # the round number, modulo 2**16, is the hivemind group key
-
-
 @functools.lru_cache(maxsize=4096)
 def peer_id_of(text: str) -> PeerID:
     """A peer id from its base58 text (raises ValueError for text that is none). Remembered: a round parsed every
     groupmate's id again (pure-Python base58, both ways), 4% of py-spy's samples of a node at 8 nodes ending ten
     rounds a second."""
     return PeerID.from_base58(text)
-
-
-def round_group_bits(round_number: int) -> str:
-    return format(round_number % (1 << ROUND_KEY_BITS), f"0{ROUND_KEY_BITS}b")
-
-
-def make_averager(dht: DHT, prefix: str, cfg: AveragingConfig, client_mode: bool = False) -> DecentralizedAverager:
-    """hivemind's averager, used for matchmaking only (its all-reduce averages one dummy number; the state is
-    served by the :class:`Exchange`). Call on the main thread: hivemind requires it, and it sets SIGINT to ignored
-    in this process, which is restored here."""
-    if mp.get_start_method(allow_none=True) not in (None, "fork"):
-        raise RuntimeError("cotrain needs the 'fork' multiprocessing start method for hivemind's averager")
-    handler = signal.getsignal(signal.SIGINT)
-    averager = DecentralizedAverager(
-        [torch.zeros(1)], dht, prefix=prefix, start=True,
-        target_group_size=cfg.target_group_size or None, min_group_size=2, initial_group_bits=round_group_bits(0),
-        min_matchmaking_time=cfg.matchmaking_time, request_timeout=cfg.request_timeout,
-        allreduce_timeout=cfg.allreduce_timeout, next_chunk_timeout=max(cfg.request_timeout, 5.0),
-        client_mode=client_mode, allow_state_sharing=False, shutdown_timeout=5.0,
-    )
-    signal.signal(signal.SIGINT, handler)
-    return averager
-
-
-#: rounds kept in RoundStats.history (the most recent): a node of days makes millions
-HISTORY_ROUNDS = 4096
-#: peers kept in RoundStats.flagged
-FLAGGED_PEERS = 1024
-
-
-@dataclass
-class RoundStats:
-    """A peer's figures about its rounds. The round's threads write them; others read :meth:`snapshot`, a copy of
-    their own that nothing changes afterwards (the heartbeat's thread sorted ``flagged`` while a round wrote it)."""
-
-    rounds_completed: int = 0  # averaged with at least one peer
-    partial_rounds: int = 0  # some groupmate's contribution was left out
-    last_group_size: int = 0
-    #: the peer ids of the last averaged round's group, ourselves out (the board counts them at our round)
-    last_group: list = field(default_factory=list)
-    #: how the groups of the averaged rounds formed: from the progress board, or by hivemind's matchmaking
-    groups_from_board: int = 0
-    groups_matchmade: int = 0
-    #: rounds whose group was planned as the group of the round before (averaging.group_rounds)
-    groups_kept: int = 0
-    #: averaged rounds whose all-reduce rode with the board's meeting (a small vector: allreduce.hosted)
-    rounds_hosted: int = 0
-    #: reads of the progress board this peer made, and those it left out while its group was kept (see
-    #: RoundAverager._reads_paused)
-    board_reads: int = 0
-    board_reads_skipped: int = 0
-    #: seconds, in total, the rounds spent forming groups and in the all-reduce (failed rounds included)
-    meet_s: float = 0.0
-    allreduce_s: float = 0.0
-    last_reason: str = ""  # what the last round decision was, or why the last round failed (in the node's log line)
-    #: (round, group size) of the last HISTORY_ROUNDS applied rounds: kept in the node's last checkpoint
-    history: collections.deque = field(default_factory=lambda: collections.deque(maxlen=HISTORY_ROUNDS))
-    #: rounds whose group also averaged its members' differing states (averaging.state_averaging), and downloads
-    #: of the shared state (a peer ahead, or a group whose majority held another state)
-    states_averaged: int = 0
-    resyncs: int = 0
-    #: peers whose contributions this peer dropped as reducer (non-finite values, malformed), with the reason
-    flagged: dict = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def flag(self, peer: str, why: str) -> None:
-        with self._lock:
-            if peer in self.flagged or len(self.flagged) < FLAGGED_PEERS:
-                self.flagged[peer] = why
-
-    def applied(self, round_number: int, group_size: int) -> None:
-        """A round applied, with a group of ``group_size`` (1: alone)."""
-        with self._lock:
-            self.last_group_size = group_size
-            self.history.append((round_number, group_size))
-
-    def averaged_with(self, group: Sequence[str]) -> None:
-        """The last averaged round's group, ourselves out."""
-        with self._lock:
-            self.last_group = list(group)
-
-    def snapshot(self) -> "RoundStats":
-        """A copy to read on another thread: its containers are the reader's own (a tuple, a dict copy)."""
-        with self._lock:
-            return dataclasses.replace(self, last_group=tuple(self.last_group), history=tuple(self.history),
-                                       flagged=dict(self.flagged), _lock=threading.Lock())
 
 
 class RoundAverager(abc.ABC):

@@ -13,7 +13,7 @@ PYTEST_FLAGS ?=
 # e.g. make demo DEMO_ARGS="--duration 1800 --nodes 2": a longer demo (cotrain demo --help lists the options)
 DEMO_ARGS ?=
 
-.PHONY: demo test test-fast protos docs bench clean browser
+.PHONY: demo test test-fast coverage protos docs bench clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ test: $(VENV)/.installed browser
 # the edit loop: everything that starts no swarm (pure logic, codecs, config, protocol, models)
 test-fast: $(VENV)/.installed
 	$(BIN)/python -m pytest -m "not swarm" -q $(PYTEST_FLAGS)
+
+# line coverage of the data plane (src/cotrain/averaging) by the edit loop's tests alone
+coverage: $(VENV)/.installed
+	$(BIN)/python -m coverage run --source=src/cotrain/averaging -m pytest -m "not swarm" -q $(PYTEST_FLAGS)
+	$(BIN)/python -m coverage report --sort=cover
 
 # the dashboard test drives Debian's chromium headless; install it where we may (root, as in CI)
 browser:

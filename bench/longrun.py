@@ -238,8 +238,8 @@ def main() -> int:
         import json
 
         earlier = [json.loads(Path(path).read_text()) for path in args.report]
-        merged = dict(earlier[0], runs=[r for e in earlier for r in e["runs"]],
-                      meta=[e.get("meta", {}) for e in earlier])
+        metas = [m for e in earlier for m in (e.get("meta") if isinstance(e.get("meta"), list) else [e.get("meta", {})])]
+        merged = dict(earlier[0], runs=[r for e in earlier for r in e["runs"]], meta=metas)
         report(merged["runs"], merged["samples"], merged["runs"][0]["device"])
         write_json(args.json, merged)
         write_markdown(args.markdown, merged)

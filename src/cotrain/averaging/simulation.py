@@ -2,8 +2,8 @@
 
 No training and no network: each virtual peer takes local steps (a step time drawn per peer), publishes its
 progress and reads its key of the board every ``progress_interval``, and decides with the node's own pure
-functions (:func:`~cotrain.averaging.progress.round_decision`, :func:`~cotrain.averaging.progress.round_peers`,
-:func:`~cotrain.averaging.progress.shard_of`, :func:`~cotrain.averaging.groups.plan_groups`). A planned group meets
+functions (:func:`~cotrain.averaging.progress.round_decision`, :func:`~cotrain.averaging.progress.shard_of`, and
+the node's plan of its group and host, :func:`~cotrain.averaging.board_view.board_group`). A planned group meets
 when every member planned the same one within ``matchmaking_time``; its all-reduce then takes ``allreduce_s``.
 A shared state is one number: a group's members leave with the same new one (their majority's state, or with
 ``state_averaging`` their states' mean, plus the group's own step: a draw around 1, as groups average different
@@ -27,11 +27,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
+from cotrain.averaging.board_view import BoardView, board_group
 from cotrain.averaging.dht import REPLICAS, SEARCH_BEAM
-from cotrain.averaging.groups import group_of, host_of, kept_group, plan_arrival_groups, plan_groups
+from cotrain.averaging.groups import kept_group
 from cotrain.averaging.meeting import max_group_size
 from cotrain.averaging.progress import (Action, PeerProgress, RoundRules, groups_split, live_peers, round_decision,
-                                        round_peers, shard_of)
+                                        shard_of)
 
 #: a progress record on the wire: the signed msgpack of the record (with its ~550-byte credential) and its subkey
 #: (peer id and RSA owner key), as measured from the board's own encoding
@@ -191,33 +192,22 @@ class BoardSim:
     def _kept_group(self, p: Peer) -> Optional[list]:
         return kept_group(p.kept, p.round, self.cfg.group_rounds)
 
-    def _planned(self, p: Peer, now: float) -> list[str]:
-        """``p``'s group of its round, planned from its view (the node's board_view.board_group)."""
-        sharded = len(self.shards) > 1
-        here = round_peers(p.read_at, p.progress(now), p.view, self.rules, () if sharded else p.last_group)
-        if sharded:
-            since = {q.peer_id: q.since for q in p.view}
-            groups = plan_arrival_groups([(p.since, p.name), *((since[q], q) for q in here)], self.cfg.group)
-        else:
-            groups = plan_groups(p.round, [p.name, *here], self.cfg.group, "sim")
-        members = group_of(p.name, groups)
-        if members == [p.name] and len(groups) > 1:  # a lone last peer walks into the group before (as the node)
-            members = [*groups[-2], p.name]
-        return members
+    def _group(self, p: Peer, now: float) -> Optional[tuple[list[str], str]]:
+        """``p``'s group of its round and the group's host, planned as the node plans them
+        (:func:`~cotrain.averaging.board_view.board_group`: the group of the round before while it is kept, else
+        from ``p``'s view of the board); None when it has no group to meet. Every virtual peer can be dialled."""
+        view = BoardView(peers=tuple(p.view), read_at=p.read_at, view_round=p.view_round)
+        return board_group(view, p.read_at, p.progress(now), self.rules, kept=self._kept_group(p),
+                           last_group=p.last_group, sharded=len(self.shards) > 1, target_group_size=self.cfg.group,
+                           run_id="sim")
 
     def _go_to_meeting(self, p: Peer, now: float) -> None:
-        kept = self._kept_group(p)
-        if kept is not None:  # the group of the round before meets again (the node's board_view.kept_roster)
-            p.met_round = p.round
-            key = (p.round, host_of(kept, lambda peer: True))
-            self.meetings.setdefault(key, {})[p.name] = now
-            p.meeting, p.phase = (p.round, key, kept, now), "average"
-            return
-        members = self._planned(p, now)
         p.met_round = p.round
-        if len(members) < 2:
+        planned = self._group(p, now)
+        if planned is None:
             return
-        key = (p.round, host_of(members, lambda peer: True))  # every virtual peer can be dialled
+        members, host = planned
+        key = (p.round, host)
         self.meetings.setdefault(key, {})[p.name] = now
         p.meeting, p.phase = (p.round, key, members, now), "average"
 
@@ -280,8 +270,8 @@ class BoardSim:
         live = live_peers(board_now, p.progress(board_now), p.view, self.rules)
         sharded = len(self.shards) > 1
         split = groups_split(sharded, self.cfg.group, len(live))
-        group = self._planned(p, now) if split and p.reached_h_at is not None else None
-        group = group if group is not None and len(group) >= 2 else None  # no group of two: as the node, everyone
+        planned = self._group(p, now) if split and p.reached_h_at is not None else None
+        group = planned[0] if planned is not None else None  # no group of two: as the node, everyone
         decision = round_decision(board_now, p.progress(board_now), p.view, self.rules, p.reached_h_at,
                                   alone_waits=sharded, split=split, group=group)
         if decision.action is Action.RESYNC and self._kept_group(p) is not None and p.met_round != p.round:

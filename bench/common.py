@@ -408,6 +408,17 @@ def write_json(path: Optional[str], data: dict) -> None:
         print(f"\nfigures written to {path}")
 
 
+def write_page(path: Optional[str], lines: Sequence[str]) -> None:
+    """A results page (Markdown lines), written whole or not at all."""
+    if path:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(target.name + ".part")
+        part.write_text("\n".join(lines) + "\n")
+        os.replace(part, target)
+        print(f"page written to {path}")
+
+
 def run_meta(device: str = "cpu") -> dict:
     """Where and when the figures come from: the command, the commit, the date and the machine."""
     import platform

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hivemind.p2p import P2P  # noqa: E402
 from hivemind.proto.dht_pb2 import PingRequest, PingResponse  # noqa: E402
 
-from common import bench_parser, interruptible, print_table, run_meta, write_json  # noqa: E402
+from common import bench_parser, interruptible, print_table, run_meta, write_json, write_page  # noqa: E402
 
 MODES = {  # name: (stream, answered)
     "unary_answered": (False, True),
@@ -136,11 +136,7 @@ def write_markdown(path: Optional[str], results: dict) -> None:
               "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['mode']} | {r['calls']} | {r['answered']} | {r['caller_uss_mb']} | {r['server_uss_mb']} | "
               f"{r['caller_fds']} | {r['server_fds']} |" for r in results["rows"]]
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(target.name + ".part")
-    part.write_text("\n".join(lines) + "\n")
-    part.replace(target)
+    write_page(path, lines)
 
 
 def main() -> int:

@@ -57,7 +57,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (Swarm, UnitLoop, bench_parser, final_checkpoint, print_table, run_meta, wait_for,  # noqa: E402
-                    work_folder, write_json)
+                    work_folder, write_json, write_page)
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.coordinator.store import read_evals  # noqa: E402
@@ -356,12 +356,7 @@ def write_markdown(path, results: dict) -> None:
     for r in runs:
         setting = f" ({r['setting']})" if r.get("setting") else ""
         lines.append(f"- **{r['name']}**{setting}: " + ", ".join(f"{s:,}: {b:.3f}" for s, b in r["curve"]))
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(target.name + ".part")
-    part.write_text("\n".join(lines) + "\n")
-    part.replace(target)
-    print(f"page written to {path}")
+    write_page(path, lines)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (Swarm, bench_parser, interruptible, print_table, run_meta, wait_for, work_folder,  # noqa: E402
-                    write_json)
+                    write_json, write_page)
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.coordinator.store import read_evals  # noqa: E402
@@ -199,11 +199,7 @@ def write_markdown(path: Optional[str], results: dict) -> None:
     lines += ["", "Validation BPC by minute: " + ", ".join(f"{mi:.0f}: {b:.3f}" for mi, b in bpcs), "",
               "A 6-hour run: `nohup python bench/soak.py --minutes 360 --json soak.json --markdown soak.md &`; "
               "`python bench/soak.py --report soak.json` prints its table while it runs."]
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(target.name + ".part")
-    part.write_text("\n".join(lines) + "\n")
-    part.replace(target)
+    write_page(path, lines)
 
 
 def main() -> int:

@@ -17,7 +17,6 @@ JSON: ``{"runs": [{"name", "outer_lr", "outer_momentum", "schedule", "curve": [[
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from pathlib import Path

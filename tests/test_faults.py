@@ -2,6 +2,7 @@
 a corrupt checkpoint. Training goes on and nothing acknowledged is lost."""
 
 import json
+import signal
 
 import pytest
 import torch
@@ -92,8 +93,22 @@ def test_a_killed_nodes_work_unit_is_reissued_and_finished_by_another(tmp_path, 
         wait_for(lambda: client.health().totals.units_done >= 2 and row("n1") and row("n1").units, 120,
                  what="both nodes to finish units and n1 to hold one", procs=nodes + [running.proc])
         victim, survivor = row("n1").node_id, row("n0").node_id
+
+        def holding() -> list:
+            return [(u.epoch, u.index) for u in store.load_units() if u.state == "in_progress" and u.holder == victim]
+
+        def frozen_holding_a_unit() -> bool:
+            # a frozen node finishes no unit, so what the store says it holds is what it holds when it is killed (a
+            # unit it finished between a look at the store and the kill left the test nothing to reissue)
+            nodes[1].signal(signal.SIGSTOP)
+            if holding():
+                return True
+            nodes[1].signal(signal.SIGCONT)
+            return False
+
+        wait_for(frozen_holding_a_unit, 120, what="n1 to hold a unit", procs=nodes + [running.proc])
         nodes[1].kill()  # kill -9: no Leave; the coordinator must notice it is lost
-        held = [(u.epoch, u.index) for u in store.load_units() if u.state == "in_progress" and u.holder == victim]
+        held = holding()
         assert held, "n1 held no unit when it was killed"
 
         def finished_by_survivor():

@@ -198,10 +198,12 @@ def test_every_node_of_a_round_takes_the_same_lr_at_each_step_and_the_same_outer
     assert len({rounds[0][r]["outer_lr"] for r in reached}) >= 2  # the outer lr follows the schedule
     assert all(node[max(node)]["resyncs"] == 0 for node in rounds), [node[max(node)] for node in rounds]
     # the liar's claim counts for what its pseudo-gradient shows: the swarm's clock stays near the samples trained
-    # (counting the claims, it would run hundreds of times too fast)
+    # (counting the claims, it would run hundreds of times too fast). Near, not at: work.credited_weights credits a
+    # contribution whose norm is r times the median's 1 + 1.25 (r^2 - 1) medians, and in these first rounds at a high
+    # lr norms vary by half from node to node (a loaded CI machine ran the clock 2.3x the samples trained)
     for r in sorted(reached):
         trained = cfg.data.batch_size * sum(1 for node in lines for x in node if "lr" in x and x["round"] < r)
-        assert rounds[0][r]["samples_total"] <= 2 * trained, (r, rounds[0][r], trained)
+        assert rounds[0][r]["samples_total"] <= 3 * trained, (r, rounds[0][r], trained)
 
 
 def test_eight_nodes_in_groups_of_two_count_the_whole_swarms_samples(tmp_path, corpus_file, node_zygote):

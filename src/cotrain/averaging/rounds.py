@@ -12,38 +12,41 @@ of one round meet), run a butterfly all-reduce of their compressed contributions
 - matchmaking and all-reduce have time limits; a contribution that does not arrive is left out and counted;
   after a failed round the peer keeps training and tries again;
 - a peer alone in the swarm applies its own contribution.
+
+:class:`RoundAverager` is the front: it keeps the round's counters and the shared state, and changes them only on
+the node's main thread. It asks :mod:`cotrain.averaging.scheduler` when a round ends, and hands the round to
+:class:`~cotrain.averaging.round_run.RoundRun` (group formation, :mod:`cotrain.averaging.formation`; reduction,
+:mod:`cotrain.averaging.reduction`), which returns a :class:`~cotrain.averaging.outcome.RoundResult` it acts on.
 """
 
 from __future__ import annotations
 
 import abc
-import functools
 import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 from hivemind.dht import DHT
-from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from cotrain.averaging.admission import Admission
-from cotrain.averaging.allreduce import AllReduceFailed, group_tag
 from cotrain.averaging.board_publisher import BoardPublisher
 from cotrain.averaging.board_view import (BoardView, awaiting_read, board_group, board_time, board_unknown,
                                           fresh_view_due, kept_roster, peers_behind, round_split, view_stale,
                                           view_steady)
 from cotrain.averaging.exchange import Exchange, UploadLimiter
-from cotrain.averaging.ledger import SPEEDUP_BOUND, Ledger, agreed_count, said_counts
+from cotrain.averaging.formation import GroupFormer
+from cotrain.averaging.ledger import SPEEDUP_BOUND, Ledger
 from cotrain.averaging.groups import kept_group
-from cotrain.averaging.meeting import Meeting, hold_meeting, host_key, meeting_key, meeting_piece_bound
-from cotrain.averaging.outcome import (Kind, RoundResult, credited_samples, majority_holders, members_of,
-                                       round_outcome)
+from cotrain.averaging.meeting import meeting_key, meeting_piece_bound
+from cotrain.averaging.outcome import Kind, RoundResult
 from cotrain.averaging.overlap import PendingRound
-from cotrain.averaging.matchmaking import make_averager, round_group_bits
-from cotrain.averaging.reduction import Feedback, Hosting, Reduction
+from cotrain.averaging.matchmaking import make_averager
+from cotrain.averaging.reduction import Feedback, Reduction
+from cotrain.averaging.round_run import RoundRun
 from cotrain.averaging.round_stats import RoundStats
 from cotrain.averaging.scheduler import Move, Situation, first_move, reads_paused, settle
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, live_peers,
@@ -55,14 +58,6 @@ from cotrain.optim.schedule import RoundClock
 from cotrain.outage import Repeats
 
 logger = logging.getLogger(__name__)
-
-@functools.lru_cache(maxsize=4096)
-def peer_id_of(text: str) -> PeerID:
-    """A peer id from its base58 text (raises ValueError for text that is none). Remembered: a round parsed every
-    groupmate's id again (pure-Python base58, both ways), 4% of py-spy's samples of a node at 8 nodes ending ten
-    rounds a second."""
-    return PeerID.from_base58(text)
-
 
 class RoundAverager(abc.ABC):
     """Base of the strategies. Subclasses say what a peer contributes, how the average is applied, and what the
@@ -113,15 +108,9 @@ class RoundAverager(abc.ABC):
         #: a round failed because a groupmate planned another group: the next try waits for a board read begun after
         #: this time (see board_view.awaiting_read)
         self._reread_after = 0.0
-        #: the last round whose meeting this peer went to, and how many meetings it held in it (each answered apart:
-        #: meeting.Meeting.attempt). With matchmaking to fall back on a round holds one meeting; "board_only" meets
-        #: again at every try
-        self._met_round = -1
         #: (round, its group: every member, this peer included) of the last round this peer's group met at on the
         #: board: the plan of the next round within averaging.group_rounds (see :meth:`_kept_group`)
         self._kept: Optional[tuple[int, list[str]]] = None
-        self._meetings_held = 0
-        self._meeting_held = False
         self.stats = RoundStats()
         #: a round's decision, its end and a meeting that failed, each logged once every 10 s while it says the same
         #: (rounds come many a second, and a peer waiting for its groupmates meets again at every step)
@@ -161,6 +150,11 @@ class RoundAverager(abc.ABC):
         self.exchange.max_deposit_bytes = meeting_piece_bound(self.reduction.deposit_bound())
         #: the hash of shared_tensors(), computed in the background after every change (see _apply_and_advance)
         self._state_hash = StateHash(self.shared_tensors())
+        #: who averages in a round, and the round's network side from its launch to its result
+        self.former = GroupFormer(peer_id, cfg, self.exchange, admission, self.averager, client_mode,
+                                  view=lambda: self.view, plan=self._board_group, rules=self.rules, stop=self._stop)
+        self.runner = RoundRun(peer_id, cfg, self.former, self.reduction, self._shared_copy, self._flag,
+                               self._note_credits)
         self._publisher.start()
 
     # ---- what subclasses define ----------------------------------------------------------------------------------
@@ -216,7 +210,7 @@ class RoundAverager(abc.ABC):
         on publishing its record. Every read is a DHT traversal that the replicas it visits answer, and at 32 nodes
         on a sixteenth of a core each the DHT process and libp2p daemon took 0.031 CPUs of a node's 0.056, its
         training 0.024 (bench/scale.py, /proc over 40 s); at 4 nodes 0.014 and 0.037."""
-        return reads_paused(self._kept_group(self.view) is not None, self._met_round == self.round)
+        return reads_paused(self._kept_group(self.view) is not None, self.former.met_round == self.round)
 
     def progress(self, phase: str = "train") -> PeerProgress:
         return PeerProgress(self.peer_id, self.round, self.steps_in_round, self.samples_in_round, phase,
@@ -410,7 +404,7 @@ class RoundAverager(abc.ABC):
             now = time.time()
         view = self.view  # every test of this step judges the same read
         situation = Situation(now, self.cfg.inner_steps, reached_h=self.reached_h_at is not None,
-                              met_this_round=self._met_round == self.round, retry_at=self.retry_at,
+                              met_this_round=self.former.met_round == self.round, retry_at=self.retry_at,
                               matchmaking_only=self.cfg.group_formation == "matchmaking",
                               kept_group=self._kept_group(view) is not None, round=self.round,
                               waiter=self._waited_for(view),
@@ -449,7 +443,7 @@ class RoundAverager(abc.ABC):
         read or two later (rounds paced by progress_interval). A meeting that does not fill (a slower peer) sends
         it back to training, and round_decision's waiting goes on as without it."""
         return (self.cfg.group_formation != "matchmaking" and self.reached_h_at is not None
-                and self._met_round != self.round
+                and self.former.met_round != self.round
                 and not fresh_view_due(view, self.sharded, self.reached_h_at, self._kept_group(view) is not None)
                 and not peers_behind(view, now, self.progress(), self.rules, self._split(view, now),
                                      self.stats.last_group)
@@ -466,18 +460,6 @@ class RoundAverager(abc.ABC):
             return None
         askers = self.exchange.askers(meeting_key(self.round), within_s=1.0)
         return min(askers) if askers else None
-
-    def _walk_ins(self, round_number: int) -> dict[str, PeerID]:
-        """The peers that asked for this peer's meeting of ``round_number`` within the meeting's wait (id -> address):
-        their view of the board made this peer their host (meeting.hold_meeting takes them in)."""
-        asked = self.exchange.askers(meeting_key(round_number), within_s=self.cfg.matchmaking_time)
-        out = {}
-        for peer in asked:
-            try:  # libp2p authenticated these ids: a bad one is a bug, and costs only that walk-in
-                out[peer] = peer_id_of(peer)
-            except ValueError:
-                continue
-        return out
 
     def _kept_group(self, view: BoardView) -> Optional[list[str]]:
         """The group of the round before when it meets again this round (board_view.kept_roster), or None."""
@@ -526,13 +508,13 @@ class RoundAverager(abc.ABC):
         launch = self._launch(contribution, early, len(peers_here) + 1)
         launch.held = self.hold_round(launch)
         self._start_round(mid_round=False)
-        launch.future = self._worker.submit(self._run_round, launch)
+        launch.future = self._worker.submit(self._run, launch)
         self._pending = launch
 
     def _average_with_group(self, contribution: list[torch.Tensor], seen: int, early: bool = False) -> RoundResult:
         """One round with a group, here and now (no overlap), from ``contribution`` and this round's counters."""
         launch = self._launch(contribution, early, seen)
-        result = self._run_round(launch)
+        result = self._run(launch)
         self._finish_round(launch, result)
         return result
 
@@ -541,6 +523,13 @@ class RoundAverager(abc.ABC):
         return PendingRound(self.round, self.steps_in_round, self.samples_in_round, self.reached_h_at, contribution,
                             early, seen, clock=self.clock, swarm=self.swarm_view(), contributed=self.contributed,
                             claimed=int(min(self.samples_in_round * self.overclaim, 1 << 40)))
+
+    def _run(self, launch: PendingRound) -> RoundResult:
+        return self.runner.run(launch, self._hash)
+
+    def _shared_copy(self) -> list[torch.Tensor]:
+        with self._lock:
+            return [t.detach().cpu().clone() for t in self._all_shared()]
 
     def _result_of(self, pending: PendingRound) -> RoundResult:
         try:
@@ -593,7 +582,7 @@ class RoundAverager(abc.ABC):
             self.give_back_round(launch)
         if kept_group(self._kept, launch.round, self.cfg.group_rounds) is not None:
             self._publisher.wake()  # a kept group's meeting failed: its members read the board again, at once
-        if result.kind is Kind.UNFILLED:  # _meet said why; train on, round_decision says when to try again
+        if result.kind is Kind.UNFILLED:  # the former said why; train on, round_decision says when to try again
             return
         self.stats.last_reason = f"round {launch.round}: {result.reason}; training on and retrying"
         if result.reread:  # views of the board differ while peers come and go: expected, and over at the next read
@@ -612,165 +601,10 @@ class RoundAverager(abc.ABC):
     def give_back_round(self, launch: PendingRound) -> None:
         """Overlap: the round did not happen; undo :meth:`hold_round`, keeping the steps taken since."""
 
-    def _meet(self, launch: PendingRound,
-              hosting: Optional[Hosting] = None) -> tuple[Optional[tuple[list, dict, bytes]], str, bool]:
-        """Form this round's group from the progress board (cotrain.averaging.groups): plan the groups of the peers
-        at this round, and meet the others at the group's host (meeting.hold_meeting: the host decides who goes).
-        -> ((group, info by peer id, the host's result), "", False) when they go; (None, why, disagreed) when not:
-        ``disagreed`` when the host or a groupmate planned otherwise (the caller waits for a fresh board read), else
-        the caller falls back to hivemind's matchmaking. ``hosting``: the round's all-reduce rides with the meeting
-        (this peer's contribution goes with its meeting; a host reduces the group's)."""
-        view = self.view
-        planned = self._board_group(view, board_time(view, time.time(), self.rules))
-        self._meeting_held = False  # whether this try went to a meeting (one that did not fill is held again)
-        self._meetings_held = self._meetings_held + 1 if self._met_round == launch.round else 1
-        self._met_round = launch.round
-        if planned is None and not self.client_mode and self._walk_ins(launch.round):
-            planned = [self.peer_id], self.peer_id  # alone on our view, but peers came to us: host them
-        if planned is None:
-            return None, "no group of two on the board", False
-        members, host = planned
-        mine = Meeting(launch.round, host_key(launch.round, host), launch.claimed, self._hash,
-                       not self.client_mode, self.admission.credential(), attempt=self._meetings_held - 1,
-                       swarm=launch.swarm, contributed=launch.contributed)
-        others = [m for m in members if m != self.peer_id]
-        try:
-            peers = {m: peer_id_of(m) for m in others}
-        except ValueError:  # the board's records were checked when read: a bug worth seeing
-            logger.warning("round %d: a planned groupmate has no valid peer id; matchmaking instead", launch.round)
-            return None, "a planned groupmate has no valid peer id", False
-
-        def admitted(peer: str, cred: bytes) -> bool:
-            return self.admission.check(cred, peer, "a place in an averaging group").ok
-
-        self._meeting_held = True
-        # the meeting waits up to matchmaking_time: these ask the view as it is when they are called, reads included
-        # that came in since the group was planned
-        def gone(peer: str) -> bool:  # it said on the board that it left (a node stopping after its last round)
-            return any(p.peer_id == peer and p.phase == "left" for p in self.view.peers)
-
-        def follow(group: str) -> Optional[tuple[str, PeerID]]:  # the host a meeting names, if our view knows it
-            there = next((p for p in self.view.peers if p.reducer and host_key(launch.round, p.peer_id) == group),
-                         None)
-            return None if there is None else (there.peer_id, peer_id_of(there.peer_id))
-
-        # the early meeting (this peer just took its H steps) waits for all its planned groupmates, or trains on
-        # while round_decision waits for the slower ones; a later one (the round's wait is over, or a groupmate
-        # already averages) goes with the planned peers that came and agree, two at least
-        outcome = hold_meeting(self.exchange, self.peer_id, mine, host, peers, self.cfg.matchmaking_time,
-                               self.cfg.request_timeout, admitted, self._stop, subset=not launch.early, gone=gone,
-                               walk_ins=True, target=self.cfg.target_group_size,
-                               dialable=lambda peer: not any(p.peer_id == peer and not p.reducer
-                                                             for p in self.view.peers),
-                               follow=follow, payload=hosting.piece if hosting else b"",
-                               reduce=hosting.reduce if hosting else None,
-                               max_rest=hosting.max_rest if hosting else 0)
-        if not outcome.ok:
-            self._news.info(outcome.reason, "round %d: the board's group did not meet (%s)", launch.round,
-                            outcome.reason)
-            return None, outcome.reason, outcome.disagreed
-        info = {peer: dict(round=m.round, samples=m.samples, hash=m.hash, reducer=m.reducer, swarm=m.swarm,
-                           contributed=m.contributed) for peer, m in outcome.meetings.items()}
-        try:  # the host's roster may hold a peer our view had not shown (it went by the host's plan)
-            group = sorted((peer_id_of(peer) for peer in outcome.meetings), key=str)
-        except ValueError:
-            return None, "the host listed a member with no valid peer id", False
-        return (group, info, outcome.result), "", False
-
-    def _matchmake(self, weight: float, launch: PendingRound) -> tuple[Optional[tuple[list, dict, bytes]], str]:
-        """hivemind's matchmaking (it waits matchmaking_time for followers). -> ((admitted group, info by peer id,
-        b""), "") or (None, why the round failed)."""
-        # hivemind reshuffles the group key after every group it assembles; ours must be this round's, every time
-        self.averager.set_group_bits(round_group_bits(launch.round), wait=True)
-        try:
-            gathered = self.averager.step(
-                weight=weight, gather=dict(round=launch.round, samples=launch.claimed, hash=self._hash,
-                                           cred=self.admission.credential(), reducer=not self.client_mode,
-                                           swarm=launch.swarm, contributed=launch.contributed),
-                timeout=self.cfg.matchmaking_time * 2 + self.cfg.request_timeout, allow_retries=False)
-        except Exception as e:  # noqa: BLE001 - hivemind raises many kinds here; each costs only this round
-            return None, f"matchmaking failed ({e!r})"
-        if not gathered:
-            return None, "no group formed"
-        info = {str(k): v for k, v in gathered.items() if isinstance(v, dict)}
-        group = sorted(admitted_group(gathered, info, self.peer_id, self.admission), key=str)
-        info = {k: v for k, v in info.items() if k in {str(p) for p in group}}
-        return (group, info, b""), ""
-
-    def _run_round(self, launch: PendingRound) -> RoundResult:
-        """Form the round's group and run its all-reduce (on the averaging thread with overlap): everything but
-        changing the model, which the main thread does with the result (:meth:`_finish_round`)."""
-        weight = float(max(1, launch.claimed))
-        started = time.monotonic()
-        board = self.cfg.group_formation == "board_only" or (self.cfg.group_formation == "board"
-                                                              and self._met_round != launch.round)
-        hosting = self.reduction.hosting(launch.contribution, weight) if board else None
-        formed, why, disagreed = self._meet(launch, hosting) if board else (None, "", False)
-        from_board = formed is not None
-        if formed is None and launch.early:
-            return RoundResult(Kind.UNFILLED, why or "the planned group did not meet",
-                               meet_s=time.monotonic() - started)
-        if formed is None and self.averager is None and not disagreed and self._meeting_held:
-            # board_only: the meeting already waited matchmaking_time for the others; pausing as long again before
-            # the next (as after a failed round) left 32 loaded nodes meeting half the time, and four peers' windows
-            # seldom overlapped: no group formed in 15 minutes. Meet again at the next step
-            return RoundResult(Kind.UNFILLED, why, meet_s=time.monotonic() - started)
-        if formed is None and (disagreed or self.averager is None):  # no matchmaking: meet again at the next try
-            return RoundResult(Kind.FAILED, why, meet_s=time.monotonic() - started, reread=disagreed)
-        if formed is None:
-            formed, why = self._matchmake(weight, launch)
-            if formed is None:
-                return RoundResult(Kind.FAILED, why, meet_s=time.monotonic() - started)
-        met = time.monotonic()
-        group, info, hosted_result = formed
-        # the host reduced at the meeting: its result came with the roster
-        by_host = hosting is not None and from_board
-        if len(group) < 2:
-            if by_host:
-                self._flag(hosting.dropped)
-            return RoundResult(Kind.FAILED, "no admitted groupmate", meet_s=met - started)
-        tag = group_tag(f"r{launch.round}", [str(p) for p in group])
-        me = next(p for p in group if str(p) == self.peer_id)
-        reducers = [info.get(str(p), {}).get("reducer", True) is not False for p in group]
-        info.setdefault(self.peer_id, dict(hash=self._hash, samples=launch.claimed, swarm=launch.swarm,
-                                           contributed=launch.contributed))
-        # every member sees the same hashes at the meeting, so all of them average the states, or none
-        differ = len({str(v.get("hash")) for v in info.values()}) > 1
-        state = None
-        try:
-            if by_host:
-                reduced = hosting.average(hosted_result, [str(p) for p in group])
-            else:
-                reduced = self.reduction.allreduce(launch.contribution, tag, group, me, weight, reducers)
-            self._flag(reduced.dropped)
-            average, complete, credits = reduced.average, reduced.complete, reduced.credits
-            if self.cfg.state_averaging and differ:
-                with self._lock:
-                    like = [t.detach().cpu().clone() for t in self._all_shared()]
-                states = self.reduction.average_states(like, f"{tag}-state", group, me, reducers)
-                self._flag(states.dropped)
-                state = states.average
-        except AllReduceFailed as e:
-            if by_host:
-                self._flag(hosting.dropped)
-            return RoundResult(Kind.FAILED, f"all-reduce failed ({e})", meet_s=met - started,
-                               allreduce_s=time.monotonic() - met)
-        kind, partial, reason = round_outcome(self.peer_id, self._hash, info, complete, launch.seen)
-        if state is not None and kind is Kind.RESYNC:  # the states were averaged: nothing to download
-            kind, reason = Kind.APPLY, f"averaged with {len(group) - 1} peer(s), and our states"
-        donors = tuple(p for p in majority_holders(info) if p != self.peer_id) if kind is Kind.RESYNC else ()
-        samples = credited_samples(info, credits)
-        self._note_credits(launch.round, credited_samples(info), samples)
-        views, contributed = said_counts(info, samples)
-        return RoundResult(kind, reason, average, len(group), partial, sum(samples.values()),
-                           members_of(group, self.peer_id), from_board, meet_s=met - started,
-                           allreduce_s=time.monotonic() - met, state=state, donors=donors,
-                           hosted=by_host, swarm=agreed_count(views), contributed=tuple(contributed.items()))
-
-    def _flag(self, dropped: dict) -> None:
+    def _flag(self, round_number: int, dropped: Mapping[str, str]) -> None:
         for peer, why in dropped.items():
             if "did not arrive" not in why:  # a late peer is slow, not bad
-                logger.warning("round %d: dropped the contribution of peer %s: %s", self.round, peer[-8:], why)
+                logger.warning("round %d: dropped the contribution of peer %s: %s", round_number, peer[-8:], why)
                 self.stats.flag(peer, why)
 
     def _count_own(self, samples: int) -> None:
@@ -827,17 +661,3 @@ class RoundAverager(abc.ABC):
         if self.averager is not None and self.averager.is_alive():
             self.averager.shutdown()
 
-
-def admitted_group(gathered, info: dict, me: str, admission: Admission) -> list:
-    """The members of a matchmaking group this peer averages with: itself and every groupmate whose credential
-    (presented in the group's gathered metadata) admits the peer id hivemind's matchmaking authenticated. Every
-    member applies the same check to the same metadata, so they agree on the group."""
-    out = []
-    for peer in gathered:
-        name = str(peer)
-        meta = info.get(name, {})
-        cred = meta.get("cred") if isinstance(meta, dict) else None
-        if name == me or admission.check(cred if isinstance(cred, bytes) else b"", name,
-                                         "a place in an averaging group").ok:
-            out.append(peer)
-    return out

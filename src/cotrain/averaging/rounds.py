@@ -37,19 +37,18 @@ from cotrain.averaging.board_publisher import BoardPublisher
 from cotrain.averaging.board_view import (BoardView, awaiting_read, board_group, board_time, board_unknown,
                                           fresh_view_due, kept_roster, peers_behind, round_split, view_stale,
                                           view_steady)
-from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.formation import GroupFormer
 from cotrain.averaging.ledger import SPEEDUP_BOUND, Ledger
 from cotrain.averaging.groups import kept_group
 from cotrain.averaging.meeting import meeting_key, meeting_piece_bound
 from cotrain.averaging.outcome import Kind, RoundResult
+from cotrain.averaging.ports import Ports
 from cotrain.averaging.overlap import PendingRound
-from cotrain.averaging.matchmaking import make_averager
 from cotrain.averaging.reduction import Feedback, Reduction
 from cotrain.averaging.round_run import RoundRun
 from cotrain.averaging.round_stats import RoundStats
 from cotrain.averaging.scheduler import Move, Situation, first_move, reads_paused, settle
-from cotrain.averaging.progress import (Action, Decision, PeerProgress, ProgressBoard, RoundRules, live_peers,
+from cotrain.averaging.progress import (Action, Decision, PeerProgress, RoundRules, live_peers,
                                         round_decision)
 from cotrain.averaging.state import STATE_KEY, Progress, StateHash, download_state, pick_donors
 from cotrain.checkpoint import Checkpoint, encode_checkpoint, named_state, shared_tensors_of
@@ -65,11 +64,14 @@ class RoundAverager(abc.ABC):
 
     strategy = "base"
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dht: DHT, run_id: str,
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dht: Optional[DHT], run_id: str,
                  cfg: AveragingConfig, compression: CompressionConfig, peer_id: str, grad_clip: float,
                  client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0, record_key=None,
                  attack: str = "", *, admission: Admission, step_samples: int = 0,
-                 outer_lr_at: Optional[Callable[[float], float]] = None, overclaim: float = 1.0):
+                 outer_lr_at: Optional[Callable[[float], float]] = None, overclaim: float = 1.0,
+                 ports: Optional[Ports] = None):
+        """``ports``: the board, exchange and matchmaker this peer's rounds use (cotrain.averaging.ports); None: a
+        node's, built on ``dht``."""
         self.model, self.optimizer, self.dht, self.cfg, self.run_id = model, optimizer, dht, cfg, run_id
         #: nobody can dial this peer: it reduces no part of an all-reduce (its groupmates behind NAT could not
         #: fetch it)
@@ -122,9 +124,9 @@ class RoundAverager(abc.ABC):
         self._pending: Optional[PendingRound] = None
         self.rules = RoundRules(cfg.inner_steps, cfg.round_wait, stale_after=3 * cfg.progress_interval + 1.0)
         self.admission = admission
-        self.board = ProgressBoard(dht, run_id, ttl=self.rules.stale_after, admission=admission,
-                                   private_key=record_key, shards=cfg.board_shards,
-                                   shard_rounds=cfg.group_rounds)
+        self.ports = ports or Ports.over_dht(dht, run_id, cfg, admission, ttl=self.rules.stale_after,
+                                             record_key=record_key, client_mode=client_mode, upload_bps=upload_bps)
+        self.board, self.exchange, self.averager = self.ports.board, self.ports.exchange, self.ports.matchmaker
         #: averaging.board_shards > 1: this peer reads only its shard's key at its round, so the view of one round
         #: says nothing about the next (see :meth:`_view_stale`)
         self.sharded = self.board.shards > 1
@@ -135,13 +137,6 @@ class RoundAverager(abc.ABC):
             self.board, cfg.progress_interval, progress=lambda: self.progress(self.phase), paused=self._reads_paused,
             steady=lambda view: view_steady(view, self.sharded, self.peer_id, self.stats.last_group),
             stats=self.stats, on_counts=self._observe_counts)
-        #: hivemind's averager, for matchmaking; "board_only" has none (a process, and ~100 MB of PSS after a few
-        #: minutes, less per node: forked from the node, its pages turn private as it runs; bench/scale.py)
-        self.averager = (make_averager(dht, f"{run_id}_avg", cfg, client_mode=client_mode)
-                         if cfg.group_formation != "board_only" else None)
-        # a round publishes under up to four tags (its meeting, PowerSGD's two phases, the states): two rounds' worth
-        self.exchange = Exchange(dht, f"{run_id}_exchange", admission, keep_tags=8,
-                                 limiter=UploadLimiter(upload_bps) if upload_bps else None)
         #: what the round's contributions go through on the wire, and what compression left out of them
         self.reduction = Reduction(self.exchange, cfg, compression, [p.shape for p in self.params],
                                    self.feedback_of(cfg), seed, attack)
@@ -656,8 +651,6 @@ class RoundAverager(abc.ABC):
             self.board.publish(self.progress("left"))
         except Exception as e:  # noqa: BLE001 - the record then expires by itself within its TTL
             logger.warning("could not announce leaving on the progress board (%r); the record expires by itself", e)
-        self.exchange.shutdown()
         self._state_hash.shutdown()
-        if self.averager is not None and self.averager.is_alive():
-            self.averager.shutdown()
+        self.ports.shutdown()
 

@@ -12,10 +12,10 @@ import logging
 import math
 import threading
 import time
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Optional, Protocol
 
-from cotrain.averaging.board_view import BoardView, next_view
-from cotrain.averaging.progress import PeerProgress, ProgressBoard
+from cotrain.averaging.board_view import BoardView, board_time, next_view
+from cotrain.averaging.progress import PeerProgress, ProgressBoard, RoundRules, live_peers
 from cotrain.outage import Outage
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,29 @@ class BoardPublisher:
     def wait_for_read(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for a first read of the board to come in; True once one has."""
         return self._read.wait(timeout=timeout)
+
+    def wait_for_peers(self, count: int, timeout: float, rules: RoundRules,
+                       stop: Optional[threading.Event] = None) -> int:
+        """Wait until ``count`` peers (this one included) are on the board, its records judged when it was read (as
+        rounds judge them, by ``rules``: on a loaded machine a read takes seconds); -> how many there are."""
+        sharded = self.board.shards > 1
+        me = self._progress()
+        deadline = time.time() + timeout
+        said = time.time()
+        while True:
+            view = self._view
+            # a sharded board's view is one shard: count the swarm from every shard (O(N), once at a start)
+            peers = (self.board.read_all() or []) if sharded else view.peers
+            live = {p.peer_id for p in live_peers(board_time(view, time.time(), rules), self._progress(), peers,
+                                                  rules)}
+            live.add(me.peer_id)
+            if len(live) >= count or time.time() >= deadline or (stop is not None and stop.is_set()):
+                return len(live)
+            if time.time() - said >= 30.0:
+                said = time.time()
+                logger.info("waiting for peers: %d of %d on the progress board (%d records read %.0fs ago)",
+                            len(live), count, len(peers), time.time() - view.read_at)
+            time.sleep(self.interval * (2 if sharded else 0.5))  # every shard: less often
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()

@@ -50,7 +50,8 @@ from cotrain.averaging.round_stats import RoundStats
 from cotrain.averaging.scheduler import Move, Situation, first_move, reads_paused, settle
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, RoundRules, live_peers,
                                         round_decision)
-from cotrain.averaging.state import STATE_KEY, Progress, StateHash, download_state, pick_donors
+from cotrain.averaging.state import STATE_KEY, Progress, StateHash
+from cotrain.averaging.state_source import StateSource
 from cotrain.checkpoint import Checkpoint, encode_checkpoint, named_state, shared_tensors_of
 from cotrain.config import AveragingConfig, CompressionConfig
 from cotrain.optim.schedule import RoundClock
@@ -145,6 +146,13 @@ class RoundAverager(abc.ABC):
         self.exchange.max_deposit_bytes = meeting_piece_bound(self.reduction.deposit_bound())
         #: the hash of shared_tensors(), computed in the background after every change (see _apply_and_advance)
         self._state_hash = StateHash(self.shared_tensors())
+        #: where this peer takes the shared state from when it joins or falls behind
+        self.source = StateSource(self.exchange, peer_id, run_id, view=lambda: self.view,
+                                  read_all=self.board.read_all,
+                                  wait_for_read=lambda timeout: self._publisher.wait_for_read(timeout=timeout),
+                                  sharded=self.sharded, stale_after=self.rules.stale_after,
+                                  progress_interval=cfg.progress_interval, retry_wait_s=cfg.matchmaking_time,
+                                  stop=self._stop)
         #: who averages in a round, and the round's network side from its launch to its result
         self.former = GroupFormer(peer_id, cfg, self.exchange, admission, self.averager, client_mode,
                                   view=lambda: self.view, plan=self._board_group, rules=self.rules, stop=self._stop)
@@ -237,24 +245,8 @@ class RoundAverager(abc.ABC):
                                peer[-8:], claim, round_number, counted, counted)
 
     def wait_for_peers(self, count: int, timeout: float, stop: Optional[threading.Event] = None) -> int:
-        """Wait until ``count`` peers (ourselves included) are on the board, its records judged when it was read (as
-        rounds judge them: on a loaded machine a read takes seconds)."""
-        deadline = time.time() + timeout
-        said = time.time()
-        while True:
-            view = self.view
-            # a sharded board's view is one shard: count the swarm from every shard (O(N), once at a start)
-            peers = (self.board.read_all() or []) if self.sharded else view.peers
-            live = {p.peer_id for p in live_peers(board_time(view, time.time(), self.rules), self.progress(), peers,
-                                                  self.rules)}
-            live.add(self.peer_id)
-            if len(live) >= count or time.time() >= deadline or (stop is not None and stop.is_set()):
-                return len(live)
-            if time.time() - said >= 30.0:
-                said = time.time()
-                logger.info("waiting for peers: %d of %d on the progress board (%d records read %.0fs ago)",
-                            len(live), count, len(peers), time.time() - view.read_at)
-            time.sleep(self.cfg.progress_interval * (2 if self.sharded else 0.5))  # every shard: less often
+        """Wait until ``count`` peers (ourselves included) are on the board (BoardPublisher.wait_for_peers)."""
+        return self._publisher.wait_for_peers(count, timeout, self.rules, stop)
 
     # ---- shared state --------------------------------------------------------------------------------------------
     def _all_shared(self) -> list[torch.Tensor]:
@@ -338,41 +330,19 @@ class RoundAverager(abc.ABC):
         ``prefer``: peers to take it from first, once they hold round ``min_round`` (the groupmates whose state is
         the group's, after a round this peer's state differed in: they apply the round's average at their next
         step, so their state is asked for again for up to ``matchmaking_time``); then as without."""
-        if prefer and self._load_from(prefer, min_round, timeout):
+        if prefer and self._take(self.source.from_groupmates(prefer, min_round, timeout)):
             return True
-        self._publisher.wait_for_read(timeout=min(timeout, 3 * self.cfg.progress_interval + 5.0))
-        donors = pick_donors(time.time(), self.peer_id, self.view.peers, self.rules.stale_after)
-        if not donors and self.sharded:  # nobody in our shard's key: look in every shard
-            donors = pick_donors(time.time(), self.peer_id, self.board.read_all() or [], self.rules.stale_after)
-        result = download_state(self.exchange, donors, timeout, on_progress, run_id=self.run_id)
-        if result is None:
+        return self._take(self.source.from_the_swarm(timeout, on_progress))
+
+    def _take(self, ckpt: Optional[Checkpoint]) -> bool:
+        if ckpt is None:
             return False
         try:
-            self.load_checkpoint(result[0])
+            self.load_checkpoint(ckpt)
         except (ValueError, KeyError, TypeError) as e:
             logger.warning("ignoring downloaded state: %s", e)
             return False
         return True
-
-    def _load_from(self, donors: Sequence[str], min_round: int, timeout: float) -> bool:
-        """The state of the first of ``donors`` that holds round ``min_round`` or later. They apply the round at
-        their next local step, so each try waits half a second first; four tries, a whole state each at most."""
-        for _ in range(4):
-            if self._stop.wait(0.5):
-                return False
-            result = download_state(self.exchange, donors, min(timeout, self.cfg.matchmaking_time),
-                                    run_id=self.run_id)
-            if result is None:
-                return False
-            try:
-                if int(result[0].metadata.get("round", -1)) < min_round:
-                    continue
-                self.load_checkpoint(result[0])
-                return True
-            except (ValueError, KeyError, TypeError) as e:
-                logger.warning("ignoring downloaded state: %s", e)
-                return False
-        return False
 
     # ---- rounds --------------------------------------------------------------------------------------------------
     def _start_round(self, mid_round: bool) -> None:

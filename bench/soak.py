@@ -17,7 +17,8 @@ threads an hour, and the memory slope as a share of the process's memory an hour
 steps up and down by tens of MB as it downloads a state or is frozen and thawed, and over a run of minutes least
 squares reads one such step as a trend; a leak is a rise that most pairs of minutes show. The JSON is written after every
 minute, so a run of hours can be read while it goes on. A 6-hour run: ``nohup python bench/soak.py --minutes 360
---json soak.json &``, then ``python bench/soak.py --report soak.json``.
+--json soak.json &``, then ``python bench/soak.py --report soak.json``. ``--tracemalloc DIR``: every process of the
+swarm writes the Python allocation sites that grew most to DIR (what to look at when a slope is not flat).
 
 A killed node's processes (its DHT process and libp2p daemon) must end with it: the pids of those still running are
 listed at every minute (``left_behind``).
@@ -46,6 +47,7 @@ from common import (Swarm, bench_parser, interruptible, print_table, run_meta, w
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.coordinator.store import read_evals  # noqa: E402
 from cotrain.footprint import process_tree  # noqa: E402
+from cotrain.memory import TRACE_ENV, TRACE_EVERY_ENV  # noqa: E402
 
 NODES = ("node-0", "node-1", "node-2")
 RESTARTED, FROZEN = "node-2", "node-1"
@@ -211,7 +213,15 @@ def main() -> int:
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--report", default=None, metavar="JSON", help="print the table of a run's --json")
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--tracemalloc", default=None, metavar="DIR",
+                        help="the coordinator and the nodes trace their Python allocations and write what grew to DIR "
+                             "every --tracemalloc-every seconds (cotrain.memory.trace_allocations_from_env; it slows "
+                             "them, so such a run's slopes are not the product's)")
+    parser.add_argument("--tracemalloc-every", type=float, default=300.0)
     args = parser.parse_args()
+    if args.tracemalloc:  # inherited by every process the swarm starts
+        os.environ[TRACE_ENV] = str(Path(args.tracemalloc).resolve())
+        os.environ[TRACE_EVERY_ENV] = str(args.tracemalloc_every)
     if args.report:
         results = json.loads(Path(args.report).read_text())
         results["slopes"] = slopes(results["samples"], results.get("settle", args.settle))  # by this bench's rules

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from cotrain.config import RunConfig
-from cotrain.memory import limit_malloc_arenas
+from cotrain.memory import limit_malloc_arenas, trace_allocations_from_env
 from cotrain.exit_codes import ExitCode
 
 from cotrain.coordinator.store import Store, TokenExists
@@ -105,6 +105,9 @@ def cmd_start(args) -> int:
                                  managed_node_cpus=args.managed_node_cpus,
                                  managed_node_cpu_limit=args.managed_node_cpu_limit, force=args.force)
     logging.getLogger(__name__).info(limit_malloc_arenas())  # before gRPC's, hivemind's and the checkpointer's threads allocate
+    tracing = trace_allocations_from_env("coordinator")  # COTRAIN_TRACEMALLOC: bench/soak.py --tracemalloc
+    if tracing:
+        logging.getLogger(__name__).info(tracing)
     asyncio.run(serve(cfg, options))
     return 0
 

@@ -23,7 +23,7 @@ import socket
 import tomllib
 from pathlib import Path
 
-from cotrain.memory import limit_malloc_arenas
+from cotrain.memory import limit_malloc_arenas, trace_allocations_from_env
 from cotrain.node.limits import CpuTimeLimit, choose_cpus
 from cotrain.node.options import FLAGS, OPTIONS, Flag, NodeOptions
 
@@ -122,6 +122,9 @@ def resolve_options(args: argparse.Namespace) -> dict:
 def cmd_join(args) -> int:
     arenas = limit_malloc_arenas()  # before torch's and hivemind's threads allocate
     logging.getLogger("cotrain.node.runner").info("%s", arenas)
+    tracing = trace_allocations_from_env("node")  # COTRAIN_TRACEMALLOC: bench/soak.py --tracemalloc
+    if tracing:
+        logging.getLogger("cotrain.node.runner").info("%s", tracing)
     from cotrain.node.runner import Node  # torch and hivemind: only when a node really starts
 
     options = NodeOptions(**resolve_options(args))

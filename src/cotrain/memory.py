@@ -39,8 +39,8 @@ def release_freed_memory() -> bool:
     releases the free pages inside the heap, not only at its top as malloc does by itself. -> whether glibc released
     any (elsewhere than glibc: False, nothing done).
 
-    A node calls it at a new round, at most every 30 s (``runner.TRIM_EVERY_S``). Its freed memory is what the warm start's download, a state transfer, an
-    all-reduce's buffers and a checkpoint's serialization left in the middle of the heap: in the 4-node demo a node's
+    A node calls it at a new round, at most every 30 s (``runner.TRIM_EVERY_S``). Its freed memory is what the warm
+    start's download, a state transfer, an all-reduce's buffers and a checkpoint's serialization left in the middle of the heap: in the 4-node demo a node's
     main process went from 284 to 148 MB PSS at one call, and once a round it stays at 220-226 MB while training
     (166 MB just after a call: the rest is a step's activations, about 60 MB, which every step needs again). The
     call took 5-8 ms on the demo's heap, and the step after it 10-40 ms more (its pages faulted in again): once a
@@ -54,3 +54,56 @@ def release_freed_memory() -> bool:
         except (OSError, AttributeError):
             _malloc_trim = lambda pad: 0  # noqa: E731  (not glibc: nothing to trim this way)
     return bool(_malloc_trim(0))
+
+
+#: where :func:`trace_allocations_from_env` writes its reports (a folder), and every how many seconds
+TRACE_ENV, TRACE_EVERY_ENV = "COTRAIN_TRACEMALLOC", "COTRAIN_TRACEMALLOC_S"
+
+
+def trace_allocations_from_env(who: str) -> Optional[str]:
+    """With ``COTRAIN_TRACEMALLOC=DIR`` in the environment: trace this process's Python allocations (tracemalloc, 8
+    frames) and, every ``COTRAIN_TRACEMALLOC_S`` seconds (300), write to ``DIR/<who>-<pid>.txt`` the allocation
+    sites whose memory grew most since the first report, and the traced total; for hunting what grows over a soak
+    (bench/soak.py --tracemalloc). Memory that torch, glibc or a C library allocates itself is not traced. Tracing
+    slows allocation-heavy code several times over: never on by default. -> what was started, in words, or None."""
+    folder = os.environ.get(TRACE_ENV)
+    if not folder:
+        return None
+    import threading
+    import time
+    import tracemalloc
+    from pathlib import Path
+
+    try:
+        every = max(1.0, float(os.environ.get(TRACE_EVERY_ENV, "300")))
+    except ValueError:
+        every = 300.0
+    path = Path(folder) / f"{who}-{os.getpid()}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tracemalloc.start(8)
+    ignored = [tracemalloc.Filter(False, tracemalloc.__file__),
+               tracemalloc.Filter(False, "<frozen importlib._bootstrap>"), tracemalloc.Filter(False, "<unknown>"),
+               tracemalloc.Filter(False, __file__)]  # the reports' own lines
+
+    def report() -> None:
+        first, started = None, time.time()
+        while True:
+            time.sleep(every)
+            snapshot = tracemalloc.take_snapshot().filter_traces(ignored)
+            if first is None:
+                first = snapshot
+                continue
+            minutes = (time.time() - started) / 60
+            traced = tracemalloc.get_traced_memory()[0] / 1e6
+            lines = [f"{who} pid {os.getpid()}: {minutes:.0f} min, traced {traced:.1f} MB; "
+                     f"growth since {every:g}s in, largest first:"]
+            for stat in snapshot.compare_to(first, "traceback")[:25]:
+                lines.append(f"{stat.size_diff / 1e3:+.0f} kB in {stat.count_diff:+d} blocks "
+                             f"(now {stat.size / 1e3:.0f} kB)")
+                lines.extend(f"    {line}" for line in stat.traceback.format()[-16:])
+            partial = path.with_name(path.name + ".partial")  # a reader sees the last whole report
+            partial.write_text("\n".join(lines) + "\n")
+            os.replace(partial, path)
+
+    threading.Thread(target=report, name="tracemalloc", daemon=True).start()
+    return f"tracing allocations into {path} every {every:g}s"

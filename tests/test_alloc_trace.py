@@ -1,0 +1,42 @@
+"""COTRAIN_TRACEMALLOC (cotrain.memory.trace_allocations_from_env): a process that grows names where it grows."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from cotrain.memory import TRACE_ENV, TRACE_EVERY_ENV, trace_allocations_from_env
+
+GROWER = textwrap.dedent("""
+    import time
+    from pathlib import Path
+    from cotrain.memory import trace_allocations_from_env
+
+    assert trace_allocations_from_env("grower")
+    kept = []
+
+    def leak_here():
+        kept.append(bytearray(100_000))
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any("leak_here" in p.read_text() for p in Path(".").glob("grower-*.txt")):
+        leak_here()
+        time.sleep(0.01)
+""")
+
+
+def test_without_the_variable_nothing_is_traced(monkeypatch):
+    monkeypatch.delenv(TRACE_ENV, raising=False)
+    assert trace_allocations_from_env("test") is None
+
+
+def test_a_growing_process_reports_the_function_that_grows(tmp_path):
+    env = dict(os.environ, **{TRACE_ENV: str(tmp_path), TRACE_EVERY_ENV: "1"})
+    (tmp_path / "grower.py").write_text(GROWER)  # a file: its frames show their source lines
+    done = subprocess.run([sys.executable, "grower.py"], cwd=tmp_path, env=env, timeout=90, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    (report,) = list(tmp_path.glob("grower-*.txt"))
+    text = report.read_text()
+    first = text.splitlines()[1]
+    assert first.startswith("+") and "kB" in first  # the largest growth is first, and it is the leak
+    assert "leak_here" in "\n".join(text.splitlines()[:18])

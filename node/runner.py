@@ -462,8 +462,8 @@ class Node:
         with the figures: a bench divides them by the rounds between two snapshots."""
         own, tree = cpu_seconds(os.getpid())
         return dict(message_to_dict(self.node_metrics()), time=time.time(), pid=os.getpid(), cpu_s=own,
-                    cpu_tree_s=tree, lr_samples=self.metrics.lr_samples, contributed=self.averaging.contributed,
-                    swarm_view=self.averaging.swarm_view())
+                    cpu_tree_s=tree, lr_samples=self.metrics.lr_samples, contributed=self.averaging.tally.contributed,
+                    swarm_view=self.averaging.tally.swarm_view())
 
     def node_metrics(self) -> pb.NodeMetrics:
         m, a = self.metrics, self.averaging
@@ -471,7 +471,7 @@ class Node:
         with m.lock:
             return pb.NodeMetrics(step=m.step, round=a.round, loss=m.loss, samples_per_s=m.samples_per_s,
                                   bytes_sent=a.exchange.bytes_sent, bytes_received=a.exchange.bytes_received,
-                                  samples_total=a.samples_total, epoch=m.epoch,
+                                  samples_total=a.tally.samples_total, epoch=m.epoch,
                                   partial_rounds=s.partial_rounds, rounds_completed=s.rounds_completed,
                                   samples_local=m.samples_total, compute_s=m.compute_s,
                                   groups_from_board=s.groups_from_board, groups_matchmade=s.groups_matchmade,

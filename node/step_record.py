@@ -33,7 +33,7 @@ class StepRecord:
         if averaging.round != self._round:
             self._round = averaging.round
             self._write(dict(round=averaging.round, state=averaging.state_hash, outer_lr=averaging.outer_lr(),
-                             samples_total=averaging.samples_total, contributed=averaging.contributed,
+                             samples_total=averaging.tally.samples_total, contributed=averaging.tally.contributed,
                              resyncs=averaging.stats.resyncs, time=time.time()))
 
     def _write(self, line: dict) -> None:

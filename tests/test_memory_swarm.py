@@ -95,7 +95,7 @@ def test_three_peers_average_into_one_shared_state(swarm, overlap):
     at = {p.strategy.round for p in peers}
     if len(at) == 1:
         assert same_state(peers)
-    counted = {p.strategy.samples_total for p in peers if p.strategy.round == max(at)}
+    counted = {p.strategy.tally.samples_total for p in peers if p.strategy.round == max(at)}
     assert len(counted) == 1 and counted.pop() > 0  # one count of the swarm's samples at a round
 
 

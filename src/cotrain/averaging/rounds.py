@@ -38,7 +38,6 @@ from cotrain.averaging.board_view import (BoardView, awaiting_read, board_group,
                                           fresh_view_due, kept_roster, peers_behind, round_split, view_stale,
                                           view_steady)
 from cotrain.averaging.formation import GroupFormer
-from cotrain.averaging.ledger import SPEEDUP_BOUND, Ledger
 from cotrain.averaging.groups import kept_group
 from cotrain.averaging.meeting import meeting_key, meeting_piece_bound
 from cotrain.averaging.outcome import Kind, RoundResult
@@ -52,6 +51,7 @@ from cotrain.averaging.progress import (Action, Decision, PeerProgress, RoundRul
                                         round_decision)
 from cotrain.averaging.state import STATE_KEY, Progress, StateHash
 from cotrain.averaging.state_source import StateSource
+from cotrain.averaging.tally import Tally
 from cotrain.checkpoint import Checkpoint, encode_checkpoint, named_state, shared_tensors_of
 from cotrain.config import AveragingConfig, CompressionConfig
 from cotrain.optim.schedule import RoundClock
@@ -87,22 +87,14 @@ class RoundAverager(abc.ABC):
         #: DHT time this peer came to its round (published as PeerProgress.since: a sharded board's groups are cut
         #: in the order the peers came)
         self.round_since = float(get_dht_time())
-        #: the swarm's samples as of the last round this peer applied (or the state it took): the shared state's
-        #: count, the same on every member of a group. A round's own samples join it when the round is applied
-        self.samples_total = 0
-        #: the samples the last applied round added, all its members' together (the pace :class:`RoundClock` keeps)
-        self.round_samples = 0
+        #: where this peer stands on the swarm's clock: the swarm's samples, its own, every peer's as last seen
+        self.tally = Tally.for_run(peer_id, cfg.inner_steps, step_samples)
         #: the run's batch: a local step's samples before any round set the pace
         self.step_samples = step_samples
         #: schedule.outer: the outer step's lr factor at the swarm's samples, taken at the applied round's clock
         self.outer_lr_at = outer_lr_at
         #: where this round's local steps stand on the run's schedule (set when the round's steps begin)
         self.clock = RoundClock(first_step=step_samples, inner_steps=cfg.inner_steps)
-        #: this peer's samples in the rounds it applied, and every peer's as last seen: the swarm's count over all
-        #: its groups (cotrain.averaging.ledger), bounded to SPEEDUP_BOUND times the run's pace a round
-        self.contributed = 0
-        self.ledger = Ledger(cfg.inner_steps * max(1, step_samples) * SPEEDUP_BOUND)
-        self._counts_cut: set[str] = set()  # peers whose claimed counts were cut (logged once each)
         self.steps_in_round = 0
         self.samples_in_round = 0
         self.mid_round = False
@@ -137,7 +129,7 @@ class RoundAverager(abc.ABC):
         self._publisher = BoardPublisher(
             self.board, cfg.progress_interval, progress=lambda: self.progress(self.phase), paused=self._reads_paused,
             steady=lambda view: view_steady(view, self.sharded, self.peer_id, self.stats.last_group),
-            stats=self.stats, on_counts=self._observe_counts)
+            stats=self.stats, on_counts=self.tally.observe)
         #: what the round's contributions go through on the wire, and what compression left out of them
         self.reduction = Reduction(self.exchange, cfg, compression, [p.shape for p in self.params],
                                    self.feedback_of(cfg), seed, attack)
@@ -157,7 +149,7 @@ class RoundAverager(abc.ABC):
         self.former = GroupFormer(peer_id, cfg, self.exchange, admission, self.averager, client_mode,
                                   view=lambda: self.view, plan=self._board_group, rules=self.rules, stop=self._stop)
         self.runner = RoundRun(peer_id, cfg, self.former, self.reduction, self._shared_copy, self._flag,
-                               self._note_credits)
+                               self.tally.note_credits)
         self._publisher.start()
 
     # ---- what subclasses define ----------------------------------------------------------------------------------
@@ -218,31 +210,7 @@ class RoundAverager(abc.ABC):
     def progress(self, phase: str = "train") -> PeerProgress:
         return PeerProgress(self.peer_id, self.round, self.steps_in_round, self.samples_in_round, phase,
                             self.mid_round, time.time(), reducer=not self.client_mode, since=self.round_since,
-                            contributed=self.contributed)
-
-    def swarm_view(self) -> int:
-        """The swarm's samples as this peer knows them: the shared state's count, or every peer's contributed count
-        it saw (groups smaller than the swarm: the other groups' rounds too), whichever is more."""
-        return max(self.samples_total, self.ledger.total())
-
-    def _observe_counts(self, claims) -> None:
-        """Take peers' contributed counts (``(peer, round, count)``) into the ledger; a claim beyond what the peer
-        could have done is cut, and logged once for that peer."""
-        for peer, round_number, count in claims:
-            cut = self.ledger.observe(peer, round_number, count)
-            if cut and peer not in self._counts_cut and len(self._counts_cut) < 4096:
-                self._counts_cut.add(peer)
-                logger.warning("peer %s %s: its count is cut to that", peer[-8:], cut)
-
-    def _note_credits(self, round_number: int, claimed: dict[str, int], credited: dict[str, int]) -> None:
-        """Log, once for each peer, a claim its contribution did not show half of (cotrain.averaging.work): a liar,
-        or a peer whose pseudo-gradient points away from its groupmates'."""
-        for peer, claim in claimed.items():
-            counted = credited.get(peer, claim)
-            if counted * 2 < claim and peer not in self._counts_cut and len(self._counts_cut) < 4096:
-                self._counts_cut.add(peer)
-                logger.warning("peer %s claimed %d samples in round %d; its contribution shows %d: counted %d",
-                               peer[-8:], claim, round_number, counted, counted)
+                            contributed=self.tally.contributed)
 
     def wait_for_peers(self, count: int, timeout: float, stop: Optional[threading.Event] = None) -> int:
         """Wait until ``count`` peers (ourselves included) are on the board (BoardPublisher.wait_for_peers)."""
@@ -269,8 +237,7 @@ class RoundAverager(abc.ABC):
     def get_state(self) -> tuple[dict, list[torch.Tensor]]:
         with self._lock:
             metadata = dict(run_id=self.run_id, strategy=self.strategy, round=self.round,
-                            samples_total=self.samples_total, round_samples=self.round_samples,
-                            ledger=self.ledger.to_metadata(), **self.shared_metadata())
+                            **self.tally.to_metadata(), **self.shared_metadata())
             return metadata, [t.detach().cpu().clone() for t in self._all_shared()]
 
     def state_bytes(self) -> bytes:
@@ -303,13 +270,7 @@ class RoundAverager(abc.ABC):
                     self.reduction.powersgd.reset()
             self.round = int(metadata["round"])
             self.round_since = float(get_dht_time())
-            self.samples_total = int(metadata.get("samples_total", 0))
-            self.round_samples = int(metadata.get("round_samples", 0))
-            self.ledger.take(metadata.get("ledger"))
-            self.contributed = max(self.contributed, self.ledger.count_of(self.peer_id))  # a node back, same identity
-            # a state kept a while (its holder was waiting, or leaving) may count less than the swarm did since:
-            # the ledger, the donor's merged in, counts every peer once
-            self.samples_total = max(self.samples_total, self.ledger.total())
+            self.tally.take(metadata)
             self.load_shared_metadata(metadata)
         self.after_shared_change()
         self.discard_round()
@@ -346,7 +307,8 @@ class RoundAverager(abc.ABC):
 
     # ---- rounds --------------------------------------------------------------------------------------------------
     def _start_round(self, mid_round: bool) -> None:
-        self.clock = RoundClock(self.samples_total, self.round_samples, self.cfg.inner_steps, self.step_samples)
+        self.clock = RoundClock(self.tally.samples_total, self.tally.round_samples, self.cfg.inner_steps,
+                                self.step_samples)
         self.steps_in_round = 0
         self.samples_in_round = 0
         self.mid_round = mid_round
@@ -454,8 +416,8 @@ class RoundAverager(abc.ABC):
         live = live_peers(board_time(view, time.time(), self.rules), self.progress(), view.peers, self.rules)
         peers_here = [p for p in live if p.round == self.round]
         if not live and self._kept_group(view) is None:
-            swarm = self.swarm_view()  # before our own samples join the ledger: they are the round's
-            self._count_own(self.samples_in_round)
+            swarm = self.tally.swarm_view()  # before our own samples join the ledger: they are the round's
+            self.tally.count_own(self.samples_in_round, self.round + 1)
             self._apply_and_advance(contribution, group_size=1, clock=self.clock, swarm=swarm,
                                     added=self.samples_in_round)
             return
@@ -486,7 +448,8 @@ class RoundAverager(abc.ABC):
     def _launch(self, contribution: list[torch.Tensor], early: bool, seen: int) -> PendingRound:
         """The round as it ends here: its counters, its clock and the counts this peer says at the meeting."""
         return PendingRound(self.round, self.steps_in_round, self.samples_in_round, self.reached_h_at, contribution,
-                            early, seen, clock=self.clock, swarm=self.swarm_view(), contributed=self.contributed,
+                            early, seen, clock=self.clock, swarm=self.tally.swarm_view(),
+                            contributed=self.tally.contributed,
                             claimed=int(min(self.samples_in_round * self.overclaim, 1 << 40)))
 
     def _run(self, launch: PendingRound) -> RoundResult:
@@ -512,13 +475,12 @@ class RoundAverager(abc.ABC):
         self.stats.allreduce_s += result.allreduce_s
         added = result.samples  # the group's samples as credited: the same figure on every member
         if result.kind in (Kind.APPLY, Kind.RESYNC):  # our samples are in the group's average either way
-            self._count_own(dict(result.contributed).get(self.peer_id, launch.contributed + launch.samples)
-                            - launch.contributed)  # our samples as the group credited them
-            self._observe_counts((peer, launch.round + 1, count) for peer, count in result.contributed
+            self.tally.count_own(dict(result.contributed).get(self.peer_id, launch.contributed + launch.samples)
+                                 - launch.contributed, self.round + 1)  # our samples as the group credited them
+            self.tally.observe((peer, launch.round + 1, count) for peer, count in result.contributed
                                  if peer != self.peer_id)
             if result.kind is Kind.RESYNC:  # the state it downloads next brings its count; should that fail, this
-                self.samples_total = result.swarm + added
-                self.round_samples = added
+                self.tally.advance(result.swarm, added)
             if result.from_board and kept_group(self._kept, launch.round, self.cfg.group_rounds) is not None:
                 self.stats.groups_kept += 1
             # a member that downloads the group's new state after the round is as much of the group as the others
@@ -572,10 +534,6 @@ class RoundAverager(abc.ABC):
                 logger.warning("round %d: dropped the contribution of peer %s: %s", round_number, peer[-8:], why)
                 self.stats.flag(peer, why)
 
-    def _count_own(self, samples: int) -> None:
-        self.contributed += samples
-        self.ledger.own(self.peer_id, self.round + 1, self.contributed)
-
     def _apply_and_advance(self, average: list[torch.Tensor], group_size: int, *, clock: RoundClock, swarm: int,
                            added: int, carried: Optional[PendingRound] = None,
                            state: Optional[list] = None) -> None:
@@ -593,8 +551,7 @@ class RoundAverager(abc.ABC):
                     dst.copy_(src.to(dst.device, dst.dtype))
                 self.stats.states_averaged += 1
             self.apply(average, carried)
-            self.samples_total = swarm + added
-            self.round_samples = added
+            self.tally.advance(swarm, added)
             self.stats.applied(self.round, group_size)
             self.round += 1
             self.round_since = float(get_dht_time())

@@ -447,7 +447,7 @@ class Node:
             return
         a = self.averaging
         metadata, tensors = a.get_state()
-        names = [n for n, _ in a.model.named_parameters()]
+        names = a.param_names
         s = a.stats.snapshot()
         save_checkpoint(self.options.state_dir / "last.safetensors", named_state(names, tensors),
                         dict(metadata, config_toml=cfg.to_toml(), rounds=list(s.history), time=time.time(),

@@ -31,7 +31,7 @@ class Peer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
         self.data = torch.Generator().manual_seed(seed)
         self.peer_id = memory_peer_id(name)
-        self.strategy = build_strategy(self.model, self.optimizer, None, RUN, cfg, self.peer_id,
+        self.averaging = build_strategy(self.model, self.optimizer, None, RUN, cfg, self.peer_id,
                                        Admission(RUN, None, enabled=False), ports=swarm.ports(self.peer_id))
         self.error = None
 
@@ -40,8 +40,8 @@ class Peer:
         loss = (self.model(x).squeeze(1) - x.sum(1)).pow(2).mean()
         self.optimizer.zero_grad()
         loss.backward()
-        self.strategy.local_step()
-        self.strategy.after_local_step(16)
+        self.averaging.local_step()
+        self.averaging.after_local_step(16)
 
     def train_until(self, done, deadline: float) -> None:
         try:
@@ -70,32 +70,32 @@ def swarm():
         peers = [Peer(swarm, f"p{i}", cfg, seed=i) for i in range(count)]
         made.extend(peers)
         for p in peers:  # as a node does before it trains: a peer alone on its board averages alone
-            assert p.strategy.wait_for_peers(count, timeout=10.0) == count
+            assert p.averaging.wait_for_peers(count, timeout=10.0) == count
         return swarm, peers
 
     yield make
     for p in made:
-        p.strategy.shutdown()
+        p.averaging.shutdown()
 
 
 def same_state(peers) -> bool:
-    return len({p.strategy.state_hash for p in peers}) == 1
+    return len({p.averaging.state_hash for p in peers}) == 1
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_three_peers_average_into_one_shared_state(swarm, overlap):
-    _, peers = swarm(3, overlap=overlap)
-    train(peers, lambda p: p.strategy.round >= 4)
-    assert all(p.strategy.round >= 4 for p in peers), [p.strategy.round for p in peers]
-    rounds = [p.strategy.stats.snapshot() for p in peers]
+@pytest.mark.parametrize("strategy, overlap", [("diloco", False), ("diloco", True), ("sync", False)])
+def test_three_peers_average_into_one_shared_state(swarm, strategy, overlap):
+    _, peers = swarm(3, strategy=strategy, overlap=overlap)
+    train(peers, lambda p: p.averaging.round >= 4)
+    assert all(p.averaging.round >= 4 for p in peers), [p.averaging.round for p in peers]
+    rounds = [p.averaging.stats.snapshot() for p in peers]
     assert all(r.rounds_completed >= 2 and r.groups_from_board >= 2 for r in rounds), rounds
     # at the same round every peer holds the same global parameters: stop them there and compare
-    target = max(p.strategy.round for p in peers) + 1
-    train(peers, lambda p: p.strategy.round >= target)
-    at = {p.strategy.round for p in peers}
+    target = max(p.averaging.round for p in peers) + 1
+    train(peers, lambda p: p.averaging.round >= target)
+    at = {p.averaging.round for p in peers}
     if len(at) == 1:
         assert same_state(peers)
-    counted = {p.strategy.tally.samples_total for p in peers if p.strategy.round == max(at)}
+    counted = {p.averaging.tally.samples_total for p in peers if p.averaging.round == max(at)}
     assert len(counted) == 1 and counted.pop() > 0  # one count of the swarm's samples at a round
 
 
@@ -103,20 +103,20 @@ def test_a_peer_that_joins_late_downloads_the_state_and_averages(swarm):
     memory, peers = swarm(3)
     late = peers[2]
     memory.freeze(late.peer_id)
-    train(peers[:2], lambda p: p.strategy.round >= 3)
+    train(peers[:2], lambda p: p.averaging.round >= 3)
     memory.thaw(late.peer_id)
-    assert late.strategy.load_state_from_peers(timeout=5.0)
-    assert late.strategy.round >= 3
+    assert late.averaging.load_state_from_peers(timeout=5.0)
+    assert late.averaging.round >= 3
     # everyone trains on until the late peer averaged with the others (it goes on from the state it took)
-    train(peers, lambda p: late.strategy.stats.rounds_completed >= 1)
-    assert late.strategy.stats.snapshot().rounds_completed >= 1
+    train(peers, lambda p: late.averaging.stats.rounds_completed >= 1)
+    assert late.averaging.stats.snapshot().rounds_completed >= 1
 
 
 def test_a_peer_that_stops_mid_round_leaves_the_others_averaging(swarm):
     memory, peers = swarm(3)
-    train(peers, lambda p: p.strategy.round >= 2)
+    train(peers, lambda p: p.averaging.round >= 2)
     memory.freeze(peers[2].peer_id)  # its records stop, and it answers nobody: gone, as a killed node
-    start = min(p.strategy.round for p in peers[:2])
-    train(peers[:2], lambda p: p.strategy.round >= start + 3)
-    assert all(p.strategy.round >= start + 3 for p in peers[:2]), [p.strategy.round for p in peers]
-    assert list(peers[0].strategy.stats.snapshot().last_group) == [peers[1].peer_id]
+    start = min(p.averaging.round for p in peers[:2])
+    train(peers[:2], lambda p: p.averaging.round >= start + 3)
+    assert all(p.averaging.round >= start + 3 for p in peers[:2]), [p.averaging.round for p in peers]
+    assert list(peers[0].averaging.stats.snapshot().last_group) == [peers[1].peer_id]

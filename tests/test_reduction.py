@@ -7,7 +7,6 @@ import torch
 
 from cotrain.averaging.diloco import DiLoCo
 from cotrain.averaging.reduction import Feedback, Reduction
-from cotrain.averaging.rounds import RoundAverager
 from cotrain.averaging.sync import SyncAveraging
 from cotrain.config import AveragingConfig, CompressionConfig
 
@@ -70,7 +69,6 @@ def test_a_lossless_codec_keeps_no_error_unless_it_is_the_outer_memory():
     (DiLoCo, {"outer": "error_feedback", "error_decay": 0.9, "error_buffer": "model"},
      Feedback(in_params=True, outer=True, decay=0.9)),
     (SyncAveraging, {}, Feedback()),
-    (RoundAverager, {}, Feedback()),
 ])
 def test_each_strategy_says_where_its_feedback_goes(strategy, averaging, expected):
     assert strategy.feedback_of(AveragingConfig(**averaging)) == expected

@@ -36,9 +36,10 @@ def build_strategy(model, optimizer, dht, run_id: str, cfg, peer_id: str, admiss
     matchmaker to use instead of the node's on ``dht`` (:mod:`cotrain.averaging.ports`; tests:
     :class:`cotrain.averaging.testing.MemorySwarm`)."""
     cls = SyncAveraging if cfg.averaging.strategy == "sync" else DiLoCo
+    strategy = cls(model, optimizer, cfg.averaging, cfg.optimizer.grad_clip)
     schedule = Schedule.from_config(cfg)
     outer_lr_at = functools.partial(lr_factor, schedule) if cfg.schedule.outer else None
-    return cls(model, optimizer, dht, run_id, cfg.averaging, cfg.compression, peer_id, cfg.optimizer.grad_clip,
-               admission=admission, client_mode=client_mode, seed=cfg.run.seed, upload_bps=upload_bps, record_key=record_key,
-               attack=attack, step_samples=cfg.data.batch_size, outer_lr_at=outer_lr_at, overclaim=overclaim,
-               ports=ports)
+    return RoundAverager(strategy, model, dht, run_id, cfg.averaging, cfg.compression, peer_id,
+                         admission=admission, client_mode=client_mode, seed=cfg.run.seed, upload_bps=upload_bps,
+                         record_key=record_key, attack=attack, step_samples=cfg.data.batch_size,
+                         outer_lr_at=outer_lr_at, overclaim=overclaim, ports=ports)

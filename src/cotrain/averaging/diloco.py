@@ -17,7 +17,7 @@ import torch
 
 from cotrain.averaging.overlap import carry_local_progress
 from cotrain.averaging.reduction import Feedback
-from cotrain.averaging.rounds import RoundAverager
+from cotrain.config import AveragingConfig
 
 
 def outer_step(params, momentum, delta, lr: float, mu: float) -> list[torch.Tensor]:
@@ -32,13 +32,17 @@ def outer_step(params, momentum, delta, lr: float, mu: float) -> list[torch.Tens
     return out
 
 
-class DiLoCo(RoundAverager):
-    strategy = "diloco"
+class DiLoCo:
+    """The strategy (cotrain.averaging.strategy.Strategy) of DiLoCo; ``cfg``: the run's averaging section."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dht, run_id, cfg, compression,
-                 peer_id: str, grad_clip: float, client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0,
-                 **options):
-        self.global_params = [p.detach().clone() for p in model.parameters()]
+    name = "diloco"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: AveragingConfig,
+                 grad_clip: float):
+        self.optimizer, self.cfg, self.grad_clip = optimizer, cfg, grad_clip
+        self.params = list(model.parameters())
+        self.feedback = self.feedback_of(cfg)
+        self.global_params = [p.detach().clone() for p in self.params]
         self.momentum = [torch.zeros_like(p) for p in self.global_params]
         momentum = cfg.outer_momentum if cfg.outer == "nesterov" else 0.0
         # foreach: the multi-tensor step, bitwise the same as the loop torch picks on the CPU, in half the time
@@ -47,8 +51,6 @@ class DiLoCo(RoundAverager):
         if momentum > 0:
             for p, buf in zip(self.global_params, self.momentum):
                 self.outer.state[p]["momentum_buffer"] = buf
-        super().__init__(model, optimizer, dht, run_id, cfg, compression, peer_id, grad_clip, client_mode, seed,
-                         upload_bps, **options)
 
     @classmethod
     def feedback_of(cls, cfg) -> Feedback:
@@ -73,19 +75,27 @@ class DiLoCo(RoundAverager):
     def contribution(self):
         return [g.detach().cpu() - p.detach().cpu() for g, p in zip(self.global_params, self.params)]
 
-    def apply(self, average, carried=None) -> None:
+    def shared_metadata(self) -> dict:
+        return {}
+
+    def load_shared_metadata(self, metadata: dict) -> None:
+        pass
+
+    def discard_round(self) -> None:
+        pass
+
+    def apply(self, average, carried=None, residual=None, decay: float = 1.0) -> None:
         for g, d in zip(self.global_params, average):
             g.grad = d.to(g.device, g.dtype).clone()
         self.outer.step()
         self.outer.zero_grad(set_to_none=True)
-        residual = self.reduction.take_residual()
         if carried is not None:  # overlap: the local steps taken since the round was launched are kept
             carry_local_progress(self.params, carried.held, self.global_params)
         for i, (p, g) in enumerate(zip(self.params, self.global_params)):
             if carried is None:
                 p.copy_(g)
             if residual is not None:
-                p.sub_(residual[i].to(p.device, p.dtype), alpha=self.reduction.feedback.decay)
+                p.sub_(residual[i].to(p.device, p.dtype), alpha=decay)
 
     def set_outer_lr_factor(self, factor: float) -> None:
         self.outer.param_groups[0]["lr"] = self.cfg.outer_lr * factor

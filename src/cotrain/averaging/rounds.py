@@ -21,7 +21,6 @@ the node's main thread. It asks :mod:`cotrain.averaging.scheduler` when a round 
 
 from __future__ import annotations
 
-import abc
 import logging
 import threading
 import time
@@ -43,7 +42,7 @@ from cotrain.averaging.meeting import meeting_key, meeting_piece_bound
 from cotrain.averaging.outcome import Kind, RoundResult
 from cotrain.averaging.ports import Ports
 from cotrain.averaging.overlap import PendingRound
-from cotrain.averaging.reduction import Feedback, Reduction
+from cotrain.averaging.reduction import Reduction
 from cotrain.averaging.round_run import RoundRun
 from cotrain.averaging.round_stats import RoundStats
 from cotrain.averaging.scheduler import Move, Situation, first_move, reads_paused, settle
@@ -51,6 +50,7 @@ from cotrain.averaging.progress import (Action, Decision, PeerProgress, RoundRul
                                         round_decision)
 from cotrain.averaging.state import STATE_KEY, Progress, StateHash
 from cotrain.averaging.state_source import StateSource
+from cotrain.averaging.strategy import Strategy
 from cotrain.averaging.tally import Tally
 from cotrain.checkpoint import Checkpoint, encode_checkpoint, named_state, shared_tensors_of
 from cotrain.config import AveragingConfig, CompressionConfig
@@ -59,25 +59,23 @@ from cotrain.outage import Repeats
 
 logger = logging.getLogger(__name__)
 
-class RoundAverager(abc.ABC):
-    """Base of the strategies. Subclasses say what a peer contributes, how the average is applied, and what the
-    shared state is; the node calls :meth:`local_step` then :meth:`after_local_step` for every local batch."""
+class RoundAverager:
+    """A peer's rounds of averaging with ``strategy`` (cotrain.averaging.strategy: DiLoCo or sync, by composition):
+    the node calls :meth:`local_step` then :meth:`after_local_step` for every local batch of ``model``."""
 
-    strategy = "base"
-
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dht: Optional[DHT], run_id: str,
-                 cfg: AveragingConfig, compression: CompressionConfig, peer_id: str, grad_clip: float,
+    def __init__(self, strategy: Strategy, model: torch.nn.Module, dht: Optional[DHT], run_id: str,
+                 cfg: AveragingConfig, compression: CompressionConfig, peer_id: str,
                  client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0, record_key=None,
                  attack: str = "", *, admission: Admission, step_samples: int = 0,
                  outer_lr_at: Optional[Callable[[float], float]] = None, overclaim: float = 1.0,
                  ports: Optional[Ports] = None):
         """``ports``: the board, exchange and matchmaker this peer's rounds use (cotrain.averaging.ports); None: a
         node's, built on ``dht``."""
-        self.model, self.optimizer, self.dht, self.cfg, self.run_id = model, optimizer, dht, cfg, run_id
+        self.strategy, self.dht, self.cfg, self.run_id = strategy, dht, cfg, run_id
         #: nobody can dial this peer: it reduces no part of an all-reduce (its groupmates behind NAT could not
         #: fetch it)
         self.client_mode = client_mode
-        self.compression, self.peer_id, self.grad_clip = compression, peer_id, grad_clip
+        self.compression, self.peer_id = compression, peer_id
         self.params = [p for p in model.parameters()]
         self.param_names = [n for n, _ in model.named_parameters()]
         self._lock = threading.Lock()  # the shared state is read by hivemind's thread when a peer downloads it
@@ -132,7 +130,7 @@ class RoundAverager(abc.ABC):
             stats=self.stats, on_counts=self.tally.observe)
         #: what the round's contributions go through on the wire, and what compression left out of them
         self.reduction = Reduction(self.exchange, cfg, compression, [p.shape for p in self.params],
-                                   self.feedback_of(cfg), seed, attack)
+                                   strategy.feedback, seed, attack)
         self.exchange.provide(STATE_KEY, self.state_bytes)
         #: a meeting's members join its host with their meetings (a hosted round's contribution riding on them)
         self.exchange.max_deposit_bytes = meeting_piece_bound(self.reduction.deposit_bound())
@@ -152,44 +150,16 @@ class RoundAverager(abc.ABC):
                                self.tally.note_credits)
         self._publisher.start()
 
-    # ---- what subclasses define ----------------------------------------------------------------------------------
-    @classmethod
-    def feedback_of(cls, cfg: AveragingConfig) -> Feedback:
-        """Where the strategy keeps what compression left out of its contributions (:class:`Feedback`)."""
-        return Feedback()
-
-    @abc.abstractmethod
+    # ---- the strategy's, called on the main thread -----------------------------------------------------------
     def shared_tensors(self) -> list[torch.Tensor]:
-        """Tensors every peer of a round holds identically (downloaded by joiners)."""
-        ...
+        return self.strategy.shared_tensors()
 
-    def shared_metadata(self) -> dict:
-        return {}
-
-    def load_shared_metadata(self, metadata: dict) -> None:
-        pass
-
-    @abc.abstractmethod
     def local_step(self) -> None:
-        """After backward: what a local step does with the gradients."""
-        ...
+        """After backward: the strategy's local step (DiLoCo: the inner optimizer's)."""
+        self.strategy.local_step()
 
-    @abc.abstractmethod
-    def contribution(self) -> list[torch.Tensor]:
-        ...
-
-    @abc.abstractmethod
-    def apply(self, average: list[torch.Tensor], carried: Optional[PendingRound] = None) -> None:
-        """Apply the group's average. ``carried``: with overlap, the round the average is of, launched before the
-        local steps since (see :mod:`cotrain.averaging.overlap`); None when the round ended here and now."""
-        ...
-
-    def set_outer_lr_factor(self, factor: float) -> None:
-        """The run's schedule for the outer step (schedule.outer): its lr is the config's times ``factor``.
-        Strategies without an outer step ignore it."""
-
-    def discard_round(self) -> None:
-        """Forget this round's local work (after a resync the shared state has moved on)."""
+    def outer_lr(self) -> Optional[float]:
+        return self.strategy.outer_lr()
 
     # ---- progress board ------------------------------------------------------------------------------------------
     @property
@@ -230,14 +200,10 @@ class RoundAverager(abc.ABC):
 
     _hash = state_hash
 
-    def outer_lr(self) -> Optional[float]:
-        """The lr of the outer step, for strategies that take one."""
-        return None
-
     def get_state(self) -> tuple[dict, list[torch.Tensor]]:
         with self._lock:
-            metadata = dict(run_id=self.run_id, strategy=self.strategy, round=self.round,
-                            **self.tally.to_metadata(), **self.shared_metadata())
+            metadata = dict(run_id=self.run_id, strategy=self.strategy.name, round=self.round,
+                            **self.tally.to_metadata(), **self.strategy.shared_metadata())
             return metadata, [t.detach().cpu().clone() for t in self._all_shared()]
 
     def state_bytes(self) -> bytes:
@@ -252,8 +218,8 @@ class RoundAverager(abc.ABC):
         if metadata.get("run_id") != self.run_id:
             raise ValueError(f"the state belongs to run {metadata.get('run_id')!r}, not {self.run_id!r}")
         params_only = len(tensors) == len(self.params)
-        if not params_only and metadata.get("strategy") != self.strategy:
-            raise ValueError(f"the state is of strategy {metadata.get('strategy')!r}, not {self.strategy!r}")
+        if not params_only and metadata.get("strategy") != self.strategy.name:
+            raise ValueError(f"the state is of strategy {metadata.get('strategy')!r}, not {self.strategy.name!r}")
         if not params_only and len(tensors) != len(targets):
             raise ValueError(f"downloaded {len(tensors)} tensors, expected {len(targets)}")
         for dst, src in zip(targets, tensors):
@@ -271,16 +237,13 @@ class RoundAverager(abc.ABC):
             self.round = int(metadata["round"])
             self.round_since = float(get_dht_time())
             self.tally.take(metadata)
-            self.load_shared_metadata(metadata)
-        self.after_shared_change()
-        self.discard_round()
+            self.strategy.load_shared_metadata(metadata)
+        self.strategy.after_shared_change()
+        self.strategy.discard_round()
         self.reduction.error = None
         self._state_hash.update(self.shared_tensors())
         self._start_round(mid_round=True)
         logger.info("took the shared state of round %d (state %s)", self.round, self._hash)
-
-    def after_shared_change(self) -> None:
-        """Called after the shared state was replaced (a download)."""
 
     def load_checkpoint(self, ckpt: Checkpoint) -> None:
         self.set_state(ckpt.metadata, shared_tensors_of(ckpt, self.param_names))
@@ -411,7 +374,7 @@ class RoundAverager(abc.ABC):
         ``averaging.overlap``). ``early``: the meeting of a peer that just took its H steps; if the round's peers do
         not all come, train on (no matchmaking, no retry delay). ``announce``: tell the round's peers on the board
         (not when a groupmate already waits at the meeting: it knows)."""
-        contribution = self.contribution()
+        contribution = self.strategy.contribution()
         view = self.view
         live = live_peers(board_time(view, time.time(), self.rules), self.progress(), view.peers, self.rules)
         peers_here = [p for p in live if p.round == self.round]
@@ -433,7 +396,7 @@ class RoundAverager(abc.ABC):
             self._average_with_group(contribution, len(peers_here) + 1, early)
             return
         launch = self._launch(contribution, early, len(peers_here) + 1)
-        launch.held = self.hold_round(launch)
+        launch.held = self.strategy.hold_round(launch)
         self._start_round(mid_round=False)
         launch.future = self._worker.submit(self._run, launch)
         self._pending = launch
@@ -506,7 +469,7 @@ class RoundAverager(abc.ABC):
         if overlapped:  # the round did not happen: the node takes back what it had set aside for it
             self.steps_in_round, self.samples_in_round, self.reached_h_at = launch.give_back(
                 self.steps_in_round, self.samples_in_round, self.reached_h_at)
-            self.give_back_round(launch)
+            self.strategy.give_back_round(launch)
         if kept_group(self._kept, launch.round, self.cfg.group_rounds) is not None:
             self._publisher.wake()  # a kept group's meeting failed: its members read the board again, at once
         if result.kind is Kind.UNFILLED:  # the former said why; train on, round_decision says when to try again
@@ -518,15 +481,6 @@ class RoundAverager(abc.ABC):
             return
         logger.warning("%s", self.stats.last_reason)
         self.retry_at = time.time() + self.cfg.matchmaking_time
-
-    def hold_round(self, launch: PendingRound):
-        """Overlap: the round's contribution was just taken; get the local state ready for the next round's steps
-        and set aside what :meth:`give_back_round` needs should the round not happen (sync: its accumulated
-        gradients; DiLoCo: where its local model went on from). -> kept as ``launch.held``."""
-        return None
-
-    def give_back_round(self, launch: PendingRound) -> None:
-        """Overlap: the round did not happen; undo :meth:`hold_round`, keeping the steps taken since."""
 
     def _flag(self, round_number: int, dropped: Mapping[str, str]) -> None:
         for peer, why in dropped.items():
@@ -544,13 +498,13 @@ class RoundAverager(abc.ABC):
         counters already count them). ``state``: the group's average of its members' shared states, taken first."""
         self._state_hash.settle()
         if self.outer_lr_at is not None:
-            self.set_outer_lr_factor(self.outer_lr_at(clock.base))
+            self.strategy.set_outer_lr_factor(self.outer_lr_at(clock.base))
         with torch.no_grad(), self._lock:
             if state is not None:
                 for dst, src in zip(self._all_shared(), state):
                     dst.copy_(src.to(dst.device, dst.dtype))
                 self.stats.states_averaged += 1
-            self.apply(average, carried)
+            self.strategy.apply(average, carried, self.reduction.take_residual(), self.reduction.feedback.decay)
             self.tally.advance(swarm, added)
             self.stats.applied(self.round, group_size)
             self.round += 1
@@ -560,7 +514,7 @@ class RoundAverager(abc.ABC):
         self._news.info("round done", "round %d done with %d peer(s): now at round %d", self.round - 1, group_size,
                         self.round)
         if carried is None:
-            self.discard_round()
+            self.strategy.discard_round()
             self._start_round(mid_round=False)
 
     def shutdown(self) -> None:

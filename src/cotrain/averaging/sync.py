@@ -6,21 +6,44 @@ from __future__ import annotations
 
 import torch
 
-from cotrain.averaging.rounds import RoundAverager
+from cotrain.averaging.reduction import Feedback
+from cotrain.config import AveragingConfig
 from cotrain.optim import init_state, state_tensors
 
 
-class SyncAveraging(RoundAverager):
-    strategy = "sync"
+class SyncAveraging:
+    """The strategy (cotrain.averaging.strategy.Strategy) of synchronous averaging; ``cfg``: the run's averaging
+    section."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dht, run_id, cfg, compression,
-                 peer_id: str, grad_clip: float, client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0,
-                 **options):
+    name = "sync"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: AveragingConfig,
+                 grad_clip: float):
+        self.model, self.optimizer, self.cfg, self.grad_clip = model, optimizer, cfg, grad_clip
+        self.params = list(model.parameters())
+        self.feedback = self.feedback_of(cfg)
         init_state(optimizer)  # the optimizer's state is shared: it must exist before the first step
-        self.grad_sum = [torch.zeros_like(p) for p in model.parameters()]
+        self.grad_sum = [torch.zeros_like(p) for p in self.params]
         self.micro_batches = 0
-        super().__init__(model, optimizer, dht, run_id, cfg, compression, peer_id, grad_clip, client_mode, seed,
-                         upload_bps, **options)
+
+    @classmethod
+    def feedback_of(cls, cfg: AveragingConfig) -> Feedback:
+        return Feedback()
+
+    def shared_metadata(self) -> dict:
+        return {}
+
+    def load_shared_metadata(self, metadata: dict) -> None:
+        pass
+
+    def set_outer_lr_factor(self, factor: float) -> None:
+        pass  # no outer step
+
+    def outer_lr(self) -> None:
+        return None
+
+    def after_shared_change(self) -> None:
+        pass
 
     def shared_tensors(self):
         params = list(self.model.parameters())
@@ -36,7 +59,7 @@ class SyncAveraging(RoundAverager):
         n = max(1, self.micro_batches)
         return [g.detach().cpu() / n for g in self.grad_sum]
 
-    def apply(self, average, carried=None) -> None:
+    def apply(self, average, carried=None, residual=None, decay: float = 1.0) -> None:
         # with overlap (carried), the gradients accumulated since the round's were taken stay for the next round
         for p, g in zip(self.params, average):
             p.grad = g.to(p.device, p.dtype).clone()

@@ -3,7 +3,7 @@
 Every peer of a :class:`MemorySwarm` gets a :class:`MemoryBoard` (one progress board that all of them share, its
 records expiring as the DHT's do) and a :class:`MemoryExchange` (the exchange's own tables, :mod:`cotrain.averaging.
 outbox`, with requests answered by the peer they go to, in the caller's thread). The real strategies run over them
-(``DiLoCo(..., ports=swarm.ports(peer_id))``): meetings, all-reduces, state downloads and the board's decisions go
+(``build_strategy(..., ports=swarm.ports(peer_id))``): meetings, all-reduces, state downloads and the board's decisions go
 as they do between nodes, minus the network, so a test of three peers' rounds takes seconds. A peer that
 :meth:`MemorySwarm.freeze` froze neither answers nor is answered, as a peer stopped mid-round.
 """

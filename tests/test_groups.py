@@ -8,9 +8,9 @@ import time
 import pytest
 
 from cotrain.averaging.groups import group_of, host_of, kept_group, plan_arrival_groups, plan_groups
-from cotrain.averaging.meeting import (MAX_MEETING_BYTES, MAX_ROSTER_BYTES, Meeting, Roster, decode_answer,
-                                       hold_meeting, host_key, join_piece, max_group_size, meeting_outcome,
-                                       split_piece)
+from cotrain.averaging.meet import hold_meeting
+from cotrain.averaging.meeting import (MAX_MEETING_BYTES, MAX_ROSTER_BYTES, Meeting, Roster, decode_answer, host_key,
+                                       join_piece, max_group_size, meeting_outcome, split_piece)
 
 PEERS = [f"Qm{i:02d}" for i in range(10)]
 

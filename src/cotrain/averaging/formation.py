@@ -22,7 +22,8 @@ from cotrain.averaging.admission import Admission
 from cotrain.averaging.board_view import BoardView, board_time
 from cotrain.averaging.exchange import Exchange
 from cotrain.averaging.matchmaking import round_group_bits
-from cotrain.averaging.meeting import Meeting, hold_meeting, host_key, meeting_key
+from cotrain.averaging.meet import hold_meeting
+from cotrain.averaging.meeting import Meeting, host_key, meeting_key
 from cotrain.averaging.overlap import PendingRound
 from cotrain.averaging.progress import RoundRules
 from cotrain.averaging.reduction import Hosting
@@ -87,7 +88,7 @@ class GroupFormer:
 
     def walk_ins(self, round_number: int) -> dict[str, PeerID]:
         """The peers that asked for this peer's meeting of ``round_number`` within the meeting's wait (id ->
-        address): their view of the board made this peer their host (meeting.hold_meeting takes them in)."""
+        address): their view of the board made this peer their host (meet.hold_meeting takes them in)."""
         asked = self.exchange.askers(meeting_key(round_number), within_s=self.cfg.matchmaking_time)
         out = {}
         for peer in asked:
@@ -99,7 +100,7 @@ class GroupFormer:
 
     def meet(self, launch: PendingRound, state_hash: str, hosting: Optional[Hosting] = None) -> Formation:
         """Form this round's group from the progress board (cotrain.averaging.groups): plan the groups of the peers
-        at this round, and meet the others at the group's host (meeting.hold_meeting: the host decides who goes).
+        at this round, and meet the others at the group's host (meet.hold_meeting: the host decides who goes).
         ``hosting``: the round's all-reduce rides with the meeting (this peer's contribution goes with its meeting;
         a host reduces the group's)."""
         view = self._view()

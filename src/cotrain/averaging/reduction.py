@@ -177,7 +177,7 @@ class Reduction:
 @dataclass
 class Hosting:
     """A round whose all-reduce rides with the board's meeting: this peer's contribution (``piece``, with its meeting)
-    and, should it host the group, the reduction of the group's (:meth:`reduce`, called by meeting.hold_meeting).
+    and, should it host the group, the reduction of the group's (:meth:`reduce`, called by meet.hold_meeting).
     The piece is encoded when the meeting first asks for it: a try that finds no group on the board (a peer waiting
     for its shardmates tries at every step) encodes nothing."""
 

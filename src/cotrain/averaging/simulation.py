@@ -213,7 +213,7 @@ class BoardSim:
 
     def _settle_meetings(self, now: float) -> None:
         for key, came in list(self.meetings.items()):
-            host = self.by_name[key[1]]  # its plan decides (meeting.hold_meeting), once it came
+            host = self.by_name[key[1]]  # its plan decides (meet.hold_meeting), once it came
             planned = host.meeting[2] if key[1] in came and host.meeting and host.meeting[1] == key else None
             members = []
             if planned is not None:  # the host's plan, and walk-ins up to the bound (meeting.meeting_outcome)

@@ -48,11 +48,12 @@ from cotrain.averaging.round_stats import RoundStats
 from cotrain.averaging.scheduler import Move, Situation, first_move, reads_paused, settle
 from cotrain.averaging.progress import (Action, Decision, PeerProgress, RoundRules, live_peers,
                                         round_decision)
-from cotrain.averaging.state import STATE_KEY, Progress, StateHash
+from cotrain.averaging.state import STATE_KEY, Progress
+from cotrain.averaging.shared_state import SharedState
 from cotrain.averaging.state_source import StateSource
 from cotrain.averaging.strategy import Strategy
 from cotrain.averaging.tally import Tally
-from cotrain.checkpoint import Checkpoint, encode_checkpoint, named_state, shared_tensors_of
+from cotrain.checkpoint import Checkpoint, shared_tensors_of
 from cotrain.config import AveragingConfig, CompressionConfig
 from cotrain.optim.schedule import RoundClock
 from cotrain.outage import Repeats
@@ -78,7 +79,6 @@ class RoundAverager:
         self.compression, self.peer_id = compression, peer_id
         self.params = [p for p in model.parameters()]
         self.param_names = [n for n, _ in model.named_parameters()]
-        self._lock = threading.Lock()  # the shared state is read by hivemind's thread when a peer downloads it
         #: a bench's liar: it says this many times the samples it trained on (honest peers: 1)
         self.overclaim = max(1.0, float(overclaim))
         self.round = 0
@@ -131,11 +131,11 @@ class RoundAverager:
         #: what the round's contributions go through on the wire, and what compression left out of them
         self.reduction = Reduction(self.exchange, cfg, compression, [p.shape for p in self.params],
                                    strategy.feedback, seed, attack)
+        #: the state every member of a group holds identically, its hash, and the checkpoint a joiner downloads
+        self.shared = SharedState(strategy, self.reduction, self.param_names, run_id)
         self.exchange.provide(STATE_KEY, self.state_bytes)
         #: a meeting's members join its host with their meetings (a hosted round's contribution riding on them)
         self.exchange.max_deposit_bytes = meeting_piece_bound(self.reduction.deposit_bound())
-        #: the hash of shared_tensors(), computed in the background after every change (see _apply_and_advance)
-        self._state_hash = StateHash(self.shared_tensors())
         #: where this peer takes the shared state from when it joins or falls behind
         self.source = StateSource(self.exchange, peer_id, run_id, view=lambda: self.view,
                                   read_all=self.board.read_all,
@@ -146,7 +146,7 @@ class RoundAverager:
         #: who averages in a round, and the round's network side from its launch to its result
         self.former = GroupFormer(peer_id, cfg, self.exchange, admission, self.averager, client_mode,
                                   view=lambda: self.view, plan=self._board_group, rules=self.rules, stop=self._stop)
-        self.runner = RoundRun(peer_id, cfg, self.former, self.reduction, self._shared_copy, self._flag,
+        self.runner = RoundRun(peer_id, cfg, self.former, self.reduction, self.shared.copy, self._flag,
                                self.tally.note_credits)
         self._publisher.start()
 
@@ -187,53 +187,29 @@ class RoundAverager:
         return self._publisher.wait_for_peers(count, timeout, self.rules, stop)
 
     # ---- shared state --------------------------------------------------------------------------------------------
-    def _all_shared(self) -> list[torch.Tensor]:
-        powersgd = self.reduction.powersgd
-        extra = powersgd.state_tensors() if powersgd else []
-        return self.shared_tensors() + extra
-
     @property
     def state_hash(self) -> str:
-        """The hash of the shared state as it is now (waits for its computation when a change just started it): the
-        same on every member of a group after a round."""
-        return self._state_hash.value()
+        """The hash of the shared state as it is now: the same on every member of a group after a round."""
+        return self.shared.hash()
 
-    _hash = state_hash
+    def _metadata(self) -> dict:
+        return dict(round=self.round, **self.tally.to_metadata())
 
     def get_state(self) -> tuple[dict, list[torch.Tensor]]:
-        with self._lock:
-            metadata = dict(run_id=self.run_id, strategy=self.strategy.name, round=self.round,
-                            **self.tally.to_metadata(), **self.strategy.shared_metadata())
-            return metadata, [t.detach().cpu().clone() for t in self._all_shared()]
+        return self.shared.snapshot(self._metadata)
 
     def state_bytes(self) -> bytes:
         """The shared state as a peer downloads it (checkpoint format)."""
-        metadata, tensors = self.get_state()
-        return encode_checkpoint(named_state(self.param_names, tensors), metadata)
+        return self.shared.encoded(self._metadata)
 
     def set_state(self, metadata: dict, tensors: Sequence[torch.Tensor]) -> None:
-        """Take a downloaded state. With only the model's parameters (a checkpoint a coordinator made, e.g. by
-        shrink and perturb), the strategy's own state starts afresh, identically on every peer."""
-        targets = self._all_shared()
-        if metadata.get("run_id") != self.run_id:
-            raise ValueError(f"the state belongs to run {metadata.get('run_id')!r}, not {self.run_id!r}")
-        params_only = len(tensors) == len(self.params)
-        if not params_only and metadata.get("strategy") != self.strategy.name:
-            raise ValueError(f"the state is of strategy {metadata.get('strategy')!r}, not {self.strategy.name!r}")
-        if not params_only and len(tensors) != len(targets):
-            raise ValueError(f"downloaded {len(tensors)} tensors, expected {len(targets)}")
-        for dst, src in zip(targets, tensors):
-            if dst.shape != src.shape:
-                raise ValueError(f"downloaded tensor of shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
-        self._state_hash.settle()
-        with torch.no_grad(), self._lock:
-            for dst, src in zip(targets, tensors):
-                dst.copy_(src)
-            if params_only:
-                for extra in self.shared_tensors()[len(self.params):]:
-                    extra.zero_()
-                if self.reduction.powersgd is not None:
-                    self.reduction.powersgd.reset()
+        """Take a downloaded state (raises ValueError naming what does not fit). With only the model's parameters (a
+        checkpoint a coordinator made, e.g. by shrink and perturb), the strategy's own state starts afresh,
+        identically on every peer."""
+        params_only = self.shared.check(metadata, tensors)
+        self.shared.settle()
+        with torch.no_grad(), self.shared.lock:
+            self.shared.write(tensors, params_only)
             self.round = int(metadata["round"])
             self.round_since = float(get_dht_time())
             self.tally.take(metadata)
@@ -241,9 +217,9 @@ class RoundAverager:
         self.strategy.after_shared_change()
         self.strategy.discard_round()
         self.reduction.error = None
-        self._state_hash.update(self.shared_tensors())
+        self.shared.changed()
         self._start_round(mid_round=True)
-        logger.info("took the shared state of round %d (state %s)", self.round, self._hash)
+        logger.info("took the shared state of round %d (state %s)", self.round, self.state_hash)
 
     def load_checkpoint(self, ckpt: Checkpoint) -> None:
         self.set_state(ckpt.metadata, shared_tensors_of(ckpt, self.param_names))
@@ -416,11 +392,7 @@ class RoundAverager:
                             claimed=int(min(self.samples_in_round * self.overclaim, 1 << 40)))
 
     def _run(self, launch: PendingRound) -> RoundResult:
-        return self.runner.run(launch, self._hash)
-
-    def _shared_copy(self) -> list[torch.Tensor]:
-        with self._lock:
-            return [t.detach().cpu().clone() for t in self._all_shared()]
+        return self.runner.run(launch, self.state_hash)
 
     def _result_of(self, pending: PendingRound) -> RoundResult:
         try:
@@ -496,12 +468,12 @@ class RoundAverager:
         lr under ``schedule.outer`` (one lr for the whole group).
         ``carried``: with overlap, the round the average is of; the local steps taken since are kept (the round's
         counters already count them). ``state``: the group's average of its members' shared states, taken first."""
-        self._state_hash.settle()
+        self.shared.settle()
         if self.outer_lr_at is not None:
             self.strategy.set_outer_lr_factor(self.outer_lr_at(clock.base))
-        with torch.no_grad(), self._lock:
+        with torch.no_grad(), self.shared.lock:
             if state is not None:
-                for dst, src in zip(self._all_shared(), state):
+                for dst, src in zip(self.shared.tensors(), state):
                     dst.copy_(src.to(dst.device, dst.dtype))
                 self.stats.states_averaged += 1
             self.strategy.apply(average, carried, self.reduction.take_residual(), self.reduction.feedback.decay)
@@ -510,7 +482,7 @@ class RoundAverager:
             self.round += 1
             self.round_since = float(get_dht_time())
         # hashed while the node takes its next local step: the next round's meeting reads it
-        self._state_hash.update(self.shared_tensors())
+        self.shared.changed()
         self._news.info("round done", "round %d done with %d peer(s): now at round %d", self.round - 1, group_size,
                         self.round)
         if carried is None:
@@ -532,6 +504,6 @@ class RoundAverager:
             self.board.publish(self.progress("left"))
         except Exception as e:  # noqa: BLE001 - the record then expires by itself within its TTL
             logger.warning("could not announce leaving on the progress board (%r); the record expires by itself", e)
-        self._state_hash.shutdown()
+        self.shared.shutdown()
         self.ports.shutdown()
 

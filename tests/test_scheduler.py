@@ -50,3 +50,62 @@ def test_the_first_move_needs_no_view_of_the_board(changes, expected):
 ])
 def test_the_boards_decision_settles_the_move(action, changes, meets_early, expected):
     assert settle(Decision(action, "why"), situation(**changes), meets_early) == expected
+
+
+# ---- next_plan: the whole decision from the round's facts and a view of the board ---------------------------------
+import dataclasses  # noqa: E402
+
+from cotrain.averaging.board_view import BoardView  # noqa: E402
+from cotrain.averaging.progress import PeerProgress, RoundRules  # noqa: E402
+from cotrain.averaging.scheduler import RoundFacts, Rules, kept_group_of, meets_early, next_plan  # noqa: E402
+
+NOW = 1000.0
+BOARD = Rules(RoundRules(inner_steps=10, round_wait=30.0, stale_after=4.0), inner_steps=10,
+              group_formation="board_only", group_rounds=1, target_group_size=0, sharded=False, run_id="run")
+
+
+def record(name, round_=3, steps=10, phase="train"):
+    return PeerProgress(name, round_, steps, steps * 16, phase, time=NOW)
+
+
+def facts(steps=10, reached=True, **changes):
+    values = dict(me=record("me", steps=steps), reached_h_at=NOW - 1 if reached else None, met_round=-1,
+                  retry_at=0.0, reread_after=0.0, kept=None, last_group=())
+    return RoundFacts(**{**values, **changes})
+
+
+def board(*peers, read_at=NOW):
+    return BoardView(tuple(peers), read_at, 3, 0, frozenset(p.peer_id for p in peers))
+
+
+def test_at_h_a_peer_averages_when_the_rounds_peers_are_there_and_meets_early_when_they_are_not_yet():
+    plan = next_plan(board(record("me"), record("a")), NOW, facts(), BOARD)
+    assert plan.move is Move.AVERAGE and not plan.early
+    plan = next_plan(board(record("me"), record("a", steps=5)), NOW, facts(), BOARD)
+    assert plan.move is Move.AVERAGE and plan.early
+    assert next_plan(board(record("me"), record("a", steps=5)), NOW, facts(met_round=3), BOARD) == TRAIN
+
+
+def test_before_h_a_peer_trains_on():
+    assert next_plan(board(record("me", steps=4), record("a")), NOW, facts(steps=4, reached=False), BOARD) == TRAIN
+
+
+def test_a_peer_ahead_sends_a_peer_behind_to_download_its_state():
+    plan = next_plan(board(record("me", steps=4), record("a", round_=5)), NOW, facts(steps=4, reached=False), BOARD)
+    assert plan.move is Move.RESYNC
+
+
+def test_a_read_still_to_come_after_a_failed_meeting_keeps_the_peer_training():
+    assert next_plan(board(record("me"), record("a"), read_at=NOW - 1), NOW, facts(reread_after=NOW - 0.5),
+                     BOARD) == TRAIN
+
+
+def test_the_group_of_the_round_before_meets_again_without_a_look_at_the_others():
+    rules = dataclasses.replace(BOARD, group_rounds=4)
+    kept = facts(kept=(2, ["a", "me"]))
+    view = board(record("me"), record("a", steps=3), record("b", round_=3))
+    assert kept_group_of(view, kept, rules) == ["a", "me"]
+    assert kept_group_of(view, kept, BOARD) is None  # group_rounds = 1: every round plans anew
+    plan = next_plan(view, NOW, kept, rules)
+    assert plan.move is Move.AVERAGE and plan.early
+    assert not meets_early(view, NOW, facts(met_round=3), rules)  # one early meeting a round

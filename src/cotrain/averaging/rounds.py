@@ -33,8 +33,7 @@ from hivemind.utils import get_dht_time
 
 from cotrain.averaging.admission import Admission
 from cotrain.averaging.board_publisher import BoardPublisher
-from cotrain.averaging.board_view import (BoardView, awaiting_read, board_group, board_time, board_unknown,
-                                          fresh_view_due, kept_roster, peers_behind, round_split, view_stale,
+from cotrain.averaging.board_view import (BoardView, awaiting_read, board_time, view_stale,
                                           view_steady)
 from cotrain.averaging.formation import GroupFormer
 from cotrain.averaging.groups import kept_group
@@ -45,9 +44,9 @@ from cotrain.averaging.overlap import PendingRound
 from cotrain.averaging.reduction import Reduction
 from cotrain.averaging.round_run import RoundRun
 from cotrain.averaging.round_stats import RoundStats
-from cotrain.averaging.scheduler import Move, Situation, first_move, reads_paused, settle
-from cotrain.averaging.progress import (Action, Decision, PeerProgress, RoundRules, live_peers,
-                                        round_decision)
+from cotrain.averaging.scheduler import (Move, RoundFacts, Rules, board_group_of, kept_group_of, next_plan,
+                                         reads_paused)
+from cotrain.averaging.progress import (Action, Decision, PeerProgress, RoundRules, live_peers)
 from cotrain.averaging.state import STATE_KEY, Progress
 from cotrain.averaging.shared_state import SharedState
 from cotrain.averaging.state_source import StateSource
@@ -102,7 +101,7 @@ class RoundAverager:
         #: this time (see board_view.awaiting_read)
         self._reread_after = 0.0
         #: (round, its group: every member, this peer included) of the last round this peer's group met at on the
-        #: board: the plan of the next round within averaging.group_rounds (see :meth:`_kept_group`)
+        #: board: the plan of the next round within averaging.group_rounds (see scheduler.kept_group_of)
         self._kept: Optional[tuple[int, list[str]]] = None
         self.stats = RoundStats()
         #: a round's decision, its end and a meeting that failed, each logged once every 10 s while it says the same
@@ -119,8 +118,11 @@ class RoundAverager:
                                              record_key=record_key, client_mode=client_mode, upload_bps=upload_bps)
         self.board, self.exchange, self.averager = self.ports.board, self.ports.exchange, self.ports.matchmaker
         #: averaging.board_shards > 1: this peer reads only its shard's key at its round, so the view of one round
-        #: says nothing about the next (see :meth:`_view_stale`)
+        #: says nothing about the next (see board_view.view_stale)
         self.sharded = self.board.shards > 1
+        #: what the config says about when rounds end and who meets (cotrain.averaging.scheduler)
+        self.plan_rules = Rules(self.rules, cfg.inner_steps, cfg.group_formation, cfg.group_rounds,
+                                cfg.target_group_size, self.sharded, run_id)
         self.phase = "train"
         self._stop = threading.Event()
         #: this peer's record on the board, and its view of the others' (:attr:`view`), kept by a thread of its own
@@ -145,7 +147,8 @@ class RoundAverager:
                                   stop=self._stop)
         #: who averages in a round, and the round's network side from its launch to its result
         self.former = GroupFormer(peer_id, cfg, self.exchange, admission, self.averager, client_mode,
-                                  view=lambda: self.view, plan=self._board_group, rules=self.rules, stop=self._stop)
+                                  view=lambda: self.view, rules=self.rules, stop=self._stop,
+                                  plan=lambda view, now: board_group_of(view, now, self.facts(), self.plan_rules))
         self.runner = RoundRun(peer_id, cfg, self.former, self.reduction, self.shared.copy, self._flag,
                                self.tally.note_credits)
         self._publisher.start()
@@ -170,12 +173,18 @@ class RoundAverager:
 
     def _reads_paused(self) -> bool:
         """A kept group's member reads no board until its group's meeting of this round failed: the group meets from
-        its roster (see :meth:`_kept_group`), and the view would go unused (a peer ahead is not followed while the
-        group holds, and a deal's first round reads its new shard afresh anyway, see :meth:`_view_stale`). It goes
+        its roster (see scheduler.kept_group_of), and the view would go unused (a peer ahead is not followed while the
+        group holds, and a deal's first round reads its new shard afresh anyway, see board_view.view_stale). It goes
         on publishing its record. Every read is a DHT traversal that the replicas it visits answer, and at 32 nodes
         on a sixteenth of a core each the DHT process and libp2p daemon took 0.031 CPUs of a node's 0.056, its
         training 0.024 (bench/scale.py, /proc over 40 s); at 4 nodes 0.014 and 0.037."""
-        return reads_paused(self._kept_group(self.view) is not None, self.former.met_round == self.round)
+        return reads_paused(kept_group_of(self.view, self.facts(), self.plan_rules) is not None,
+                            self.former.met_round == self.round)
+
+    def facts(self, waiter: Optional[str] = None) -> RoundFacts:
+        """This peer's round as values, for the scheduler's decisions (cotrain.averaging.scheduler)."""
+        return RoundFacts(self.progress(), self.reached_h_at, self.former.met_round, self.retry_at, self._reread_after,
+                          self._kept, tuple(self.stats.last_group), waiter)
 
     def progress(self, phase: str = "train") -> PeerProgress:
         return PeerProgress(self.peer_id, self.round, self.steps_in_round, self.samples_in_round, phase,
@@ -260,7 +269,7 @@ class RoundAverager:
         now = time.time()
         if self.steps_in_round >= self.cfg.inner_steps and self.reached_h_at is None:
             self.reached_h_at = now
-            if self.sharded:  # read the shard afresh for the early meeting (see _meets_early)
+            if self.sharded:  # read the shard afresh for the early meeting (see scheduler.meets_early)
                 self._publisher.wake()
         pending = self._pending
         if pending is not None:
@@ -269,23 +278,9 @@ class RoundAverager:
             self._finish_round(pending, self._result_of(pending))  # waits once the next round's steps are taken
             now = time.time()
         view = self.view  # every test of this step judges the same read
-        situation = Situation(now, self.cfg.inner_steps, reached_h=self.reached_h_at is not None,
-                              met_this_round=self.former.met_round == self.round, retry_at=self.retry_at,
-                              matchmaking_only=self.cfg.group_formation == "matchmaking",
-                              kept_group=self._kept_group(view) is not None, round=self.round,
-                              waiter=self._waited_for(view),
-                              awaiting_read=awaiting_read(view, now, self._reread_after, self.rules),
-                              board_unknown=board_unknown(view, now, self.rules), view_stale=self._view_stale(view))
-        plan = first_move(situation)
-        if plan is None:
-            board_now = board_time(view, time.time(), self.rules)
-            split = self._split(view, board_now)
-            planned = self._board_group(view, board_now) if split and self.reached_h_at is not None else None
-            decision = round_decision(board_now, self.progress(), view.peers, self.rules, self.reached_h_at,
-                                      alone_waits=self.sharded, split=split,
-                                      group=None if planned is None else planned[0])
-            plan = settle(decision, situation,
-                          decision.action is Action.TRAIN and self._meets_early(view, board_now))
+        plan = next_plan(view, now, self.facts(waiter=self._waited_for(view)), self.plan_rules)
+        if view_stale(view, self.sharded, self.round):  # read the new round's shard at once
+            self._publisher.wake()
         if plan.move is Move.TRAIN:
             return None
         self.stats.last_reason = plan.reason
@@ -295,25 +290,6 @@ class RoundAverager:
             return Decision(Action.RESYNC, plan.reason)
         self._average(plan.early, announce=plan.announce)
         return Decision(Action.AVERAGE, plan.reason)
-
-    def _view_stale(self, view: BoardView) -> bool:
-        """board_view.view_stale, and when it is: the publisher is woken to read the new round's shard at once."""
-        if not view_stale(view, self.sharded, self.round):
-            return False
-        self._publisher.wake()
-        return True
-
-    def _meets_early(self, view: BoardView, now: float) -> bool:
-        """With board groups, a peer that took its H steps goes to the round's meeting at once (once a round):
-        peers that get there together start the all-reduce a round trip after the last one, instead of a board
-        read or two later (rounds paced by progress_interval). A meeting that does not fill (a slower peer) sends
-        it back to training, and round_decision's waiting goes on as without it."""
-        return (self.cfg.group_formation != "matchmaking" and self.reached_h_at is not None
-                and self.former.met_round != self.round
-                and not fresh_view_due(view, self.sharded, self.reached_h_at, self._kept_group(view) is not None)
-                and not peers_behind(view, now, self.progress(), self.rules, self._split(view, now),
-                                     self.stats.last_group)
-                and self._board_group(view, now) is not None)
 
     def _waited_for(self, view: BoardView) -> Optional[str]:
         """A peer of this round that asked for this peer's meeting in the last second while it had none out (it was
@@ -326,19 +302,6 @@ class RoundAverager:
             return None
         askers = self.exchange.askers(meeting_key(self.round), within_s=1.0)
         return min(askers) if askers else None
-
-    def _kept_group(self, view: BoardView) -> Optional[list[str]]:
-        """The group of the round before when it meets again this round (board_view.kept_roster), or None."""
-        return kept_roster(view, self._kept, self.round, self.cfg.group_rounds, self.peer_id)
-
-    def _split(self, view: BoardView, now: float) -> bool:
-        return round_split(view, now, self.progress(), self.rules, self.sharded, self.cfg.target_group_size)
-
-    def _board_group(self, view: BoardView, now: float) -> Optional[tuple[list[str], str]]:
-        """This peer's planned group of the round and its host (board_view.board_group), or None."""
-        return board_group(view, now, self.progress(), self.rules, kept=self._kept_group(view),
-                           last_group=self.stats.last_group, sharded=self.sharded,
-                           target_group_size=self.cfg.target_group_size, run_id=self.run_id)
 
     def _resync(self, prefer: Sequence[str] = (), min_round: int = 0) -> None:
         self.stats.resyncs += 1
@@ -354,7 +317,7 @@ class RoundAverager:
         view = self.view
         live = live_peers(board_time(view, time.time(), self.rules), self.progress(), view.peers, self.rules)
         peers_here = [p for p in live if p.round == self.round]
-        if not live and self._kept_group(view) is None:
+        if not live and kept_group_of(view, self.facts(), self.plan_rules) is None:
             swarm = self.tally.swarm_view()  # before our own samples join the ledger: they are the round's
             self.tally.count_own(self.samples_in_round, self.round + 1)
             self._apply_and_advance(contribution, group_size=1, clock=self.clock, swarm=swarm,

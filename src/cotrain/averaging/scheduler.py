@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
-from cotrain.averaging.progress import Action, Decision
+from cotrain.averaging.board_view import (BoardView, awaiting_read, board_group, board_time, board_unknown,
+                                          fresh_view_due, kept_roster, peers_behind, round_split, view_stale)
+from cotrain.averaging.progress import Action, Decision, PeerProgress, RoundRules, round_decision
 
 
 class Move(enum.Enum):
@@ -98,7 +100,7 @@ def reads_paused(kept_group: bool, met_this_round: bool) -> bool:
 
 def settle(decision: Decision, s: Situation, meets_early: bool) -> Plan:
     """The move for :func:`round_decision`'s ``decision`` about the board's view. ``meets_early``: this peer took
-    its H steps and its planned group can meet now (RoundAverager._meets_early); it goes to the meeting rather than
+    its H steps and its planned group can meet now (:func:`meets_early`); it goes to the meeting rather than
     wait until the board shows the others at H."""
     if decision.action is Action.TRAIN:
         if meets_early:
@@ -112,3 +114,81 @@ def settle(decision: Decision, s: Situation, meets_early: bool) -> Plan:
             return TRAIN
         return Plan(Move.RESYNC, decision.reason)
     return Plan(Move.AVERAGE, decision.reason)
+
+
+# ---- the whole decision, from the peer's round and its view of the board ------------------------------------------
+@dataclass(frozen=True)
+class Rules:
+    """What the config says about when rounds end and who meets."""
+
+    rules: RoundRules
+    inner_steps: int
+    group_formation: str
+    group_rounds: int
+    target_group_size: int
+    sharded: bool
+    run_id: str
+
+
+@dataclass(frozen=True)
+class RoundFacts:
+    """This peer's round as values, taken once for a decision (the front's :meth:`RoundAverager.facts`)."""
+
+    me: PeerProgress
+    reached_h_at: Optional[float]
+    met_round: int
+    retry_at: float
+    #: a round failed because a groupmate planned otherwise: wait for a read of the board begun after this time
+    reread_after: float
+    #: (round, its group) of the last round this peer's group met at on the board
+    kept: Optional[tuple[int, Sequence[str]]]
+    last_group: Sequence[str]
+    #: a peer of this round that asked for this peer's meeting while it trained (its id)
+    waiter: Optional[str] = None
+
+    @property
+    def round(self) -> int:
+        return self.me.round
+
+
+def kept_group_of(view: BoardView, f: RoundFacts, r: Rules) -> Optional[list[str]]:
+    """The group of the round before when it meets again this round (board_view.kept_roster), or None."""
+    return kept_roster(view, f.kept, f.round, r.group_rounds, f.me.peer_id)
+
+
+def board_group_of(view: BoardView, now: float, f: RoundFacts, r: Rules) -> Optional[tuple[list[str], str]]:
+    """This peer's planned group of the round and its host (board_view.board_group), or None."""
+    return board_group(view, now, f.me, r.rules, kept=kept_group_of(view, f, r), last_group=f.last_group,
+                       sharded=r.sharded, target_group_size=r.target_group_size, run_id=r.run_id)
+
+
+def meets_early(view: BoardView, now: float, f: RoundFacts, r: Rules) -> bool:
+    """With board groups, a peer that took its H steps goes to the round's meeting at once (once a round): peers that
+    get there together start the all-reduce a round trip after the last one, instead of a board read or two later
+    (rounds paced by progress_interval). A meeting that does not fill (a slower peer) sends it back to training, and
+    round_decision's waiting goes on as without it."""
+    split = round_split(view, now, f.me, r.rules, r.sharded, r.target_group_size)
+    return (r.group_formation != "matchmaking" and f.reached_h_at is not None and f.met_round != f.round
+            and not fresh_view_due(view, r.sharded, f.reached_h_at, kept_group_of(view, f, r) is not None)
+            and not peers_behind(view, now, f.me, r.rules, split, f.last_group)
+            and board_group_of(view, now, f, r) is not None)
+
+
+def next_plan(view: BoardView, now: float, f: RoundFacts, r: Rules) -> Plan:
+    """The move after a local step: :func:`first_move`, else :func:`round_decision` about the view, settled."""
+    situation = Situation(now, r.inner_steps, reached_h=f.reached_h_at is not None,
+                          met_this_round=f.met_round == f.round, retry_at=f.retry_at,
+                          matchmaking_only=r.group_formation == "matchmaking",
+                          kept_group=kept_group_of(view, f, r) is not None, round=f.round, waiter=f.waiter,
+                          awaiting_read=awaiting_read(view, now, f.reread_after, r.rules),
+                          board_unknown=board_unknown(view, now, r.rules),
+                          view_stale=view_stale(view, r.sharded, f.round))
+    plan = first_move(situation)
+    if plan is not None:
+        return plan
+    board_now = board_time(view, now, r.rules)
+    split = round_split(view, board_now, f.me, r.rules, r.sharded, r.target_group_size)
+    planned = board_group_of(view, board_now, f, r) if split and f.reached_h_at is not None else None
+    decision = round_decision(board_now, f.me, view.peers, r.rules, f.reached_h_at, alone_waits=r.sharded,
+                              split=split, group=None if planned is None else planned[0])
+    return settle(decision, situation, decision.action is Action.TRAIN and meets_early(view, board_now, f, r))

@@ -27,12 +27,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
-from cotrain.averaging.board_view import BoardView, board_group
+from cotrain.averaging.board_view import BoardView, board_time
 from cotrain.averaging.dht import REPLICAS, SEARCH_BEAM
-from cotrain.averaging.groups import kept_group
 from cotrain.averaging.meeting import max_group_size
-from cotrain.averaging.progress import (Action, PeerProgress, RoundRules, groups_split, live_peers, round_decision,
-                                        shard_of)
+from cotrain.averaging.scheduler import Move, RoundFacts, Rules, board_group_of, kept_group_of, next_plan
+from cotrain.averaging.progress import (PeerProgress, RoundRules, live_peers, shard_of)
 
 #: a progress record on the wire: the signed msgpack of the record (with its ~550-byte credential) and its subkey
 #: (peer id and RSA owner key), as measured from the board's own encoding
@@ -134,6 +133,8 @@ class BoardSim:
             p.next_publish = self.rng.uniform(0, cfg.progress_interval)
             p.next_step = self.rng.uniform(0, p.step_s)
         self.rules = RoundRules(cfg.inner_steps, cfg.round_wait, stale_after=3 * cfg.progress_interval + 1.0)
+        self.plan_rules = Rules(self.rules, cfg.inner_steps, "board_only", cfg.group_rounds, cfg.group, cfg.shards > 1,
+                                "sim")
         self.shards: list[dict[str, tuple[PeerProgress, float]]] = [{} for _ in range(max(1, cfg.shards))]
         self.meetings: dict[tuple, dict[str, float]] = {}  # (round, group key) -> member -> when it came
         self.bytes_by_peer = {p.name: 0 for p in self.peers}
@@ -189,17 +190,20 @@ class BoardSim:
         p.busy_until = now + self.cfg.resync_s
         self.resyncs += 1
 
-    def _kept_group(self, p: Peer) -> Optional[list]:
-        return kept_group(p.kept, p.round, self.cfg.group_rounds)
+    def _board(self, p: Peer) -> BoardView:
+        return BoardView(peers=tuple(p.view), read_at=p.read_at, view_round=p.view_round)
+
+    def _facts(self, p: Peer, now: float) -> RoundFacts:
+        """``p``'s round as the node's scheduler takes it (RoundAverager.facts). A failed meeting here pauses the
+        peer until its next read (``retry_at``), where the node waits for a read begun after it (``reread_after``)."""
+        return RoundFacts(p.progress(now), p.reached_h_at, p.met_round, p.retry_at, 0.0, p.kept, p.last_group)
 
     def _group(self, p: Peer, now: float) -> Optional[tuple[list[str], str]]:
-        """``p``'s group of its round and the group's host, planned as the node plans them
-        (:func:`~cotrain.averaging.board_view.board_group`: the group of the round before while it is kept, else
-        from ``p``'s view of the board); None when it has no group to meet. Every virtual peer can be dialled."""
-        view = BoardView(peers=tuple(p.view), read_at=p.read_at, view_round=p.view_round)
-        return board_group(view, p.read_at, p.progress(now), self.rules, kept=self._kept_group(p),
-                           last_group=p.last_group, sharded=len(self.shards) > 1, target_group_size=self.cfg.group,
-                           run_id="sim")
+        """``p``'s group of its round and the group's host, planned as the node plans them (scheduler.board_group_of:
+        the group of the round before while it is kept, else from ``p``'s view of the board); None when it has no
+        group to meet. Every virtual peer can be dialled."""
+        view = self._board(p)
+        return board_group_of(view, board_time(view, now, self.rules), self._facts(p, now), self.plan_rules)
 
     def _go_to_meeting(self, p: Peer, now: float) -> None:
         p.met_round = p.round
@@ -257,35 +261,22 @@ class BoardSim:
             p.reached_h_at = now
             if len(self.shards) > 1:  # the node reads its shard afresh for the early meeting (fresh_view_due)
                 self._read(p, now)
-        if (p.meeting is None and p.reached_h_at is not None and p.met_round != p.round and now >= p.retry_at
-                and self._kept_group(p) is not None):  # as the node: no board read to wait for
-            self._go_to_meeting(p, now)
-            return
-        if p.meeting is not None or now < p.retry_at or (len(self.shards) > 1 and p.view_round != p.round):
+        if p.meeting is not None:
             return
         if (p.steps < self.cfg.inner_steps and p.view_max_round <= p.round
-                and p.round not in p.view_averaging):  # round_decision's answer without asking it: train on
+                and p.round not in p.view_averaging):  # next_plan's answer without asking it: train on
             return
-        board_now = p.read_at
-        live = live_peers(board_now, p.progress(board_now), p.view, self.rules)
-        sharded = len(self.shards) > 1
-        split = groups_split(sharded, self.cfg.group, len(live))
-        planned = self._group(p, now) if split and p.reached_h_at is not None else None
-        group = planned[0] if planned is not None else None  # no group of two: as the node, everyone
-        decision = round_decision(board_now, p.progress(board_now), p.view, self.rules, p.reached_h_at,
-                                  alone_waits=sharded, split=split, group=group)
-        if decision.action is Action.RESYNC and self._kept_group(p) is not None and p.met_round != p.round:
-            return  # as the node: a kept group goes on at its own pace until its meeting fails
-        if decision.action is Action.RESYNC:
+        view, facts = self._board(p), self._facts(p, now)
+        plan = next_plan(view, now, facts, self.plan_rules)  # the node's decision, on the same values
+        if plan.move is Move.RESYNC:
             self._resync(p, now)
-        elif decision.action is Action.AVERAGE:
-            if not live:
+        elif plan.move is Move.AVERAGE:
+            live = live_peers(board_time(view, now, self.rules), p.progress(now), p.view, self.rules)
+            if not live and kept_group_of(view, facts, self.plan_rules) is None:
                 self._advance(p, now, p.state + self.rng.gauss(1.0, 0.1))
                 self.alone += 1
             else:
                 self._go_to_meeting(p, now)
-        elif p.reached_h_at is not None and p.met_round != p.round:  # the early meeting, as the node's
-            self._go_to_meeting(p, now)
 
     def run(self) -> SimResult:
         cfg, now = self.cfg, 0.0

@@ -15,11 +15,12 @@ from cotrain.config import RunConfig
 RUN = "memory"
 
 
-def run_config(**averaging) -> RunConfig:
+def run_config(compression: str = "", **averaging) -> RunConfig:
     # the user's defaults, with a board read every 50 ms and short waits: a swarm in one process needs no more
     fast = dict(inner_steps=4, progress_interval=0.05, matchmaking_time=1.0, request_timeout=0.5,
                 allreduce_timeout=5.0, round_wait=1.0)
-    return RunConfig().with_overrides(run={"name": RUN}, averaging={**fast, **averaging})
+    codec = {"compression": {"kind": compression}} if compression else {}
+    return RunConfig().with_overrides(run={"name": RUN}, averaging={**fast, **averaging}, **codec)
 
 
 class Peer:
@@ -65,8 +66,8 @@ def train(peers, done, seconds: float = 30.0) -> None:
 def swarm():
     made = []
 
-    def make(count: int, **averaging):
-        swarm, cfg = MemorySwarm(RUN), run_config(**averaging)
+    def make(count: int, compression: str = "", **averaging):
+        swarm, cfg = MemorySwarm(RUN), run_config(compression, **averaging)
         peers = [Peer(swarm, f"p{i}", cfg, seed=i) for i in range(count)]
         made.extend(peers)
         for p in peers:  # as a node does before it trains: a peer alone on its board averages alone
@@ -82,9 +83,17 @@ def same_state(peers) -> bool:
     return len({p.averaging.state_hash for p in peers}) == 1
 
 
-@pytest.mark.parametrize("strategy, overlap", [("diloco", False), ("diloco", True), ("sync", False)])
-def test_three_peers_average_into_one_shared_state(swarm, strategy, overlap):
-    _, peers = swarm(3, strategy=strategy, overlap=overlap)
+@pytest.mark.parametrize("strategy, overlap, compression", [
+    ("diloco", False, ""), ("diloco", True, ""), ("sync", False, ""),
+    ("diloco", False, "sparse"), ("diloco", False, "powersgd"), ("diloco", False, "int8"),
+    ("diloco", False, "butterfly"),
+])
+def test_three_peers_average_into_one_shared_state(swarm, strategy, overlap, compression):
+    # the model's 9 values ride with the meeting (a vector the butterfly would give one reducer); "butterfly" parts
+    # them over the three peers instead, as a larger model's are; the sparse codec averages with its own aggregator
+    extra = {"sparse": {"aggregation": "clipped_mean"}, "butterfly": {"min_part_values": 1}}.get(compression, {})
+    _, peers = swarm(3, strategy=strategy, overlap=overlap, compression=compression.replace("butterfly", ""),
+                     **extra)
     train(peers, lambda p: p.averaging.round >= 4)
     assert all(p.averaging.round >= 4 for p in peers), [p.averaging.round for p in peers]
     rounds = [p.averaging.stats.snapshot() for p in peers]

@@ -36,3 +36,18 @@ def test_round_stats_are_read_as_a_snapshot_that_later_rounds_do_not_change():
     writer.join()
     assert not errors
     assert len(stats.flagged) == FLAGGED_PEERS and len(stats.history) == HISTORY_ROUNDS  # bounded
+
+
+def test_a_rounds_result_is_counted_by_its_kind():
+    from cotrain.averaging.outcome import Kind, RoundResult
+
+    stats = RoundStats()
+    stats.counted(RoundResult(Kind.APPLY, "", group_size=3, group=frozenset({"b", "a"}), from_board=True,
+                              hosted=True, meet_s=0.5, allreduce_s=0.25), kept_before=True)
+    stats.counted(RoundResult(Kind.APPLY, "", group_size=2, group=frozenset({"c"}), partial=True), kept_before=False)
+    stats.counted(RoundResult(Kind.RESYNC, "", from_board=True, partial=True), kept_before=True)
+    stats.counted(RoundResult(Kind.FAILED, "", meet_s=1.0), kept_before=True)
+    s = stats.snapshot()
+    assert (s.rounds_completed, s.groups_from_board, s.groups_matchmade, s.rounds_hosted) == (2, 1, 1, 1)
+    assert (s.groups_kept, s.partial_rounds, s.last_group) == (2, 2, ("c",))
+    assert (s.meet_s, s.allreduce_s) == (1.5, 0.25)

@@ -9,6 +9,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from cotrain.averaging.outcome import Kind, RoundResult
+
 #: rounds kept in RoundStats.history (the most recent): a node of days makes millions
 HISTORY_ROUNDS = 4096
 #: peers kept in RoundStats.flagged
@@ -65,6 +67,24 @@ class RoundStats:
         """The last averaged round's group, ourselves out."""
         with self._lock:
             self.last_group = list(group)
+
+    def counted(self, result: RoundResult, kept_before: bool) -> None:
+        """A round's ``result`` counted. ``kept_before``: the round's group was the one of the round before, meeting
+        again (averaging.group_rounds)."""
+        with self._lock:
+            self.meet_s += result.meet_s
+            self.allreduce_s += result.allreduce_s
+            if result.kind in (Kind.APPLY, Kind.RESYNC):
+                self.groups_kept += result.from_board and kept_before
+                self.partial_rounds += result.partial
+            if result.kind is Kind.APPLY:
+                self.last_group = sorted(result.group)
+                self.rounds_completed += 1
+                self.rounds_hosted += result.hosted
+                if result.from_board:
+                    self.groups_from_board += 1
+                else:
+                    self.groups_matchmade += 1
 
     def snapshot(self) -> "RoundStats":
         """A copy to read on another thread: its containers are the reader's own (a tuple, a dict copy)."""

@@ -369,8 +369,7 @@ class RoundAverager:
         overlapped = launch.future is not None
         self._pending = None
         self.phase = "train"
-        self.stats.meet_s += result.meet_s
-        self.stats.allreduce_s += result.allreduce_s
+        self.stats.counted(result, kept_group(self._kept, launch.round, self.cfg.group_rounds) is not None)
         added = result.samples  # the group's samples as credited: the same figure on every member
         if result.kind in (Kind.APPLY, Kind.RESYNC):  # our samples are in the group's average either way
             self.tally.count_own(dict(result.contributed).get(self.peer_id, launch.contributed + launch.samples)
@@ -379,23 +378,13 @@ class RoundAverager:
                                  if peer != self.peer_id)
             if result.kind is Kind.RESYNC:  # the state it downloads next brings its count; should that fail, this
                 self.tally.advance(result.swarm, added)
-            if result.from_board and kept_group(self._kept, launch.round, self.cfg.group_rounds) is not None:
-                self.stats.groups_kept += 1
             # a member that downloads the group's new state after the round is as much of the group as the others
             self._kept = (launch.round, sorted({self.peer_id, *result.group})) if result.from_board else None
             if result.partial:
-                self.stats.partial_rounds += 1
                 logger.warning("round %d: %s", launch.round, result.reason)
         if result.kind is Kind.APPLY:
             self._apply_and_advance(result.average, result.group_size, carried=launch if overlapped else None,
                                     state=result.state, clock=launch.clock, swarm=result.swarm, added=added)
-            self.stats.averaged_with(sorted(result.group))
-            self.stats.rounds_completed += 1
-            self.stats.rounds_hosted += result.hosted
-            if result.from_board:
-                self.stats.groups_from_board += 1
-            else:
-                self.stats.groups_matchmade += 1
             return
         if result.kind is Kind.RESYNC:
             logger.warning("round %d: %s", launch.round, result.reason)

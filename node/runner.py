@@ -17,7 +17,6 @@ import threading
 import time
 from typing import Optional
 
-import grpc
 import torch
 
 from cotrain.averaging import Admission, RoundAverager, build_strategy, load_record_key, start_dht, visible_maddrs
@@ -29,12 +28,12 @@ from cotrain.config import RunConfig
 from cotrain.models import count_parameters
 from cotrain.optim import build_optimizer
 from cotrain.optim.schedule import Schedule, lr_factor
-from cotrain.outage import Outage
 from cotrain.protocol import DIAL_OUT_ONLY
 from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
 from cotrain.node.identity import NodeIdentity
+from cotrain.node.heartbeat import heartbeat_loop
 from cotrain.node.options import NodeOptions
 from cotrain.node.report import Metrics, node_metrics, status_figures
 from cotrain.node.status_file import StatusFile
@@ -44,7 +43,6 @@ from cotrain.node.work import WorkQueue
 from cotrain.memory import release_freed_memory
 from cotrain.node.limits import (IdleMonitor, OtherProcessesLoad, format_cpu_list, lower_thread_priority, pin_cpus,
                                  read_cpu_max, torch_threads)
-from cotrain.footprint import footprint
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +57,6 @@ TRIM_EVERY_S = 30.0
 #: timeouts: nodes saw themselves alone and averaged with nobody (bench/scale.py). An idle CPU runs it as fast
 TRAINING_NICE = 10
 
-#: seconds between two measures of what the node's processes cost: the heartbeat reports the last one, and
-#: --max-memory is checked against it. Reading the smaps of the node's processes takes 10-20 ms of a core (py-spy,
-#: 3 nodes on 2 cores: 1.3% of a node's samples when measured every 5 s); memory moves slowly
-FOOTPRINT_EVERY_S = 15.0
 
 
 def pick_device(name: str) -> torch.device:
@@ -428,35 +422,10 @@ class Node:
         return node_metrics(self.metrics, self.averaging, self.work.units_done, self.admission)
 
     def _heartbeat_loop(self, interval: float) -> None:
-        outage = Outage("heartbeat", logger)
-        measured = -math.inf
-        while not self.stop.wait(interval):
-            if time.monotonic() - measured >= FOOTPRINT_EVERY_S:
-                measured, used = time.monotonic(), footprint()
-                with self.metrics.lock:
-                    self.metrics.footprint = used
-                if self.options.max_memory and used.pss_bytes > self.options.max_memory:
-                    self.request_stop(f"using {used.pss_bytes / 2**20:.0f} MiB in {used.processes} processes, more "
-                                      f"than --max-memory {self.options.max_memory / 2**20:.0f} MiB")
-                    break
-            try:
-                sent = time.monotonic()
-                response = self.client.heartbeat(self.node_metrics())
-                with self.metrics.lock:
-                    self.metrics.heartbeat_ms = (time.monotonic() - sent) * 1e3
-            except grpc.RpcError as e:  # keep training while the coordinator is away; the swarm does not need it
-                if e.code() == grpc.StatusCode.UNAUTHENTICATED:  # it forgot this node after a long absence
-                    self.request_stop(f"the coordinator no longer knows this node's session ({e.details()}); "
-                                      "run `cotrain node join` again")
-                    break
-                outage.failed(e, action="training on and retrying")
-                continue
-            except Exception as e:  # noqa: BLE001 - a bug here must not stop training: logged with its traceback
-                outage.failed(e, expected=False, action="training on and retrying")
-                continue
-            outage.succeeded()
-            self.admission.set_credential(response.credential)
-            if self.admission.apply_revocations(response.revocations) and self.averaging is not None:
+        def revocations_changed() -> None:
+            if self.averaging is not None:
                 self.averaging.board.sync_validator()
-            if response.command == pb.DRAIN:
-                self.request_stop(f"coordinator asked to drain: {response.reason}")
+
+        heartbeat_loop(interval, stop=self.stop, metrics=self.metrics, report=self.node_metrics, client=self.client,
+                       admission=self.admission, on_revocations=revocations_changed, request_stop=self.request_stop,
+                       max_memory=self.options.max_memory)

@@ -127,8 +127,10 @@ class ScheduleConfig(_Section):
     #: or the swarm on purpose: the schedule's clock is the swarm's samples, so 3 nodes of batch 16 and one node of
     #: batch 48 reach it after the same data, and a larger swarm reaches it sooner in wall time, as a larger batch
     #: would. What it should be depends on the model and the data (how many samples until the peak lr's noise
-    #: dominates), which no swarm setting tells. The value has no long-run evidence behind it yet: bench/longrun.py
-    #: at 150,000 samples (the demo's model and corpus) has not compared timescales (see docs/results/)
+    #: dominates), which no swarm setting tells. Evidence (docs/results/longrun-timescale.md, 3 nodes, the demo's
+    #: model and corpus, 150,000 samples): 4,096 decays too soon (1.5x the user's loop's samples to its BPC at
+    #: 50,000, against 1.2x) and ends no better; 65,536 ends 1.3% below 16,384 in that run, within the 1-2% that
+    #: 16,384 itself ended apart in three runs; 16,384 is kept until a longer run tells them apart
     timescale_samples: int = Field(16384, ge=0)
     #: the outer step's lr (DiLoCo's outer_lr) follows the schedule too
     outer: bool = False

@@ -97,7 +97,8 @@ def trace_allocations_from_env(who: str) -> Optional[str]:
             traced = tracemalloc.get_traced_memory()[0] / 1e6
             lines = [f"{who} pid {os.getpid()}: {minutes:.0f} min, traced {traced:.1f} MB; "
                      f"growth since {every:g}s in, largest first:"]
-            for stat in snapshot.compare_to(first, "traceback")[:25]:
+            grown = sorted(snapshot.compare_to(first, "traceback"), key=lambda stat: stat.size_diff, reverse=True)
+            for stat in grown[:25]:  # what grew, not what a moment's buffers freed since
                 lines.append(f"{stat.size_diff / 1e3:+.0f} kB in {stat.count_diff:+d} blocks "
                              f"(now {stat.size / 1e3:.0f} kB)")
                 lines.extend(f"    {line}" for line in stat.traceback.format()[-16:])

@@ -61,8 +61,8 @@ TRACE_ENV, TRACE_EVERY_ENV = "COTRAIN_TRACEMALLOC", "COTRAIN_TRACEMALLOC_S"
 
 
 def trace_allocations_from_env(who: str) -> Optional[str]:
-    """With ``COTRAIN_TRACEMALLOC=DIR`` in the environment: trace this process's Python allocations (tracemalloc, 8
-    frames) and, every ``COTRAIN_TRACEMALLOC_S`` seconds (300), write to ``DIR/<who>-<pid>.txt`` the allocation
+    """With ``COTRAIN_TRACEMALLOC=DIR`` in the environment: trace this process's Python allocations (tracemalloc, the
+    line that made each block) and, every ``COTRAIN_TRACEMALLOC_S`` seconds (300), write to ``DIR/<who>-<pid>.txt`` the allocation
     sites whose memory grew most since the first report, and the traced total; for hunting what grows over a soak
     (bench/soak.py --tracemalloc). Memory that torch, glibc or a C library allocates itself is not traced. Tracing
     slows allocation-heavy code several times over: never on by default. -> what was started, in words, or None."""
@@ -80,7 +80,9 @@ def trace_allocations_from_env(who: str) -> Optional[str]:
         every = 300.0
     path = Path(folder) / f"{who}-{os.getpid()}.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tracemalloc.start(8)
+    # one frame, grouped by line: a node holds millions of traced blocks, and grouping them by 8-frame tracebacks
+    # took its report thread more than 10 minutes on 2 loaded cores (py-spy: Snapshot._group_by)
+    tracemalloc.start(1)
     ignored = [tracemalloc.Filter(False, tracemalloc.__file__),
                tracemalloc.Filter(False, "<frozen importlib._bootstrap>"), tracemalloc.Filter(False, "<unknown>"),
                tracemalloc.Filter(False, __file__)]  # the reports' own lines
@@ -97,7 +99,7 @@ def trace_allocations_from_env(who: str) -> Optional[str]:
             traced = tracemalloc.get_traced_memory()[0] / 1e6
             lines = [f"{who} pid {os.getpid()}: {minutes:.0f} min, traced {traced:.1f} MB; "
                      f"growth since {every:g}s in, largest first:"]
-            grown = sorted(snapshot.compare_to(first, "traceback"), key=lambda stat: stat.size_diff, reverse=True)
+            grown = sorted(snapshot.compare_to(first, "lineno"), key=lambda stat: stat.size_diff, reverse=True)
             for stat in grown[:25]:  # what grew, not what a moment's buffers freed since
                 lines.append(f"{stat.size_diff / 1e3:+.0f} kB in {stat.count_diff:+d} blocks "
                              f"(now {stat.size / 1e3:.0f} kB)")

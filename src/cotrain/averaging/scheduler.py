@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from cotrain.averaging.board_view import (BoardView, awaiting_read, board_group, board_time, board_unknown,
                                           fresh_view_due, kept_roster, peers_behind, round_split, view_stale)
@@ -158,8 +158,13 @@ def kept_group_of(view: BoardView, f: RoundFacts, r: Rules) -> Optional[list[str
 
 def board_group_of(view: BoardView, now: float, f: RoundFacts, r: Rules) -> Optional[tuple[list[str], str]]:
     """This peer's planned group of the round and its host (board_view.board_group), or None."""
-    return board_group(view, now, f.me, r.rules, kept=kept_group_of(view, f, r), last_group=f.last_group,
-                       sharded=r.sharded, target_group_size=r.target_group_size, run_id=r.run_id)
+    return _board_group(view, now, f, r, kept_group_of(view, f, r))
+
+
+def _board_group(view: BoardView, now: float, f: RoundFacts, r: Rules,
+                 kept: Optional[list[str]]) -> Optional[tuple[list[str], str]]:
+    return board_group(view, now, f.me, r.rules, kept=kept, last_group=f.last_group, sharded=r.sharded,
+                       target_group_size=r.target_group_size, run_id=r.run_id)
 
 
 def meets_early(view: BoardView, now: float, f: RoundFacts, r: Rules) -> bool:
@@ -167,19 +172,27 @@ def meets_early(view: BoardView, now: float, f: RoundFacts, r: Rules) -> bool:
     get there together start the all-reduce a round trip after the last one, instead of a board read or two later
     (rounds paced by progress_interval). A meeting that does not fill (a slower peer) sends it back to training, and
     round_decision's waiting goes on as without it."""
+    kept = kept_group_of(view, f, r)
     split = round_split(view, now, f.me, r.rules, r.sharded, r.target_group_size)
+    return _meets_early(view, now, f, r, kept, split, lambda: _board_group(view, now, f, r, kept))
+
+
+def _meets_early(view: BoardView, now: float, f: RoundFacts, r: Rules, kept: Optional[list[str]], split: bool,
+                 planned: Callable[[], Optional[tuple[list[str], str]]]) -> bool:
     return (r.group_formation != "matchmaking" and f.reached_h_at is not None and f.met_round != f.round
-            and not fresh_view_due(view, r.sharded, f.reached_h_at, kept_group_of(view, f, r) is not None)
+            and not fresh_view_due(view, r.sharded, f.reached_h_at, kept is not None)
             and not peers_behind(view, now, f.me, r.rules, split, f.last_group)
-            and board_group_of(view, now, f, r) is not None)
+            and planned() is not None)
 
 
 def next_plan(view: BoardView, now: float, f: RoundFacts, r: Rules) -> Plan:
-    """The move after a local step: :func:`first_move`, else :func:`round_decision` about the view, settled."""
+    """The move after a local step: :func:`first_move`, else :func:`round_decision` about the view, settled. The
+    kept group, the split and the planned group are each worked out once (this runs after every local step)."""
+    kept = kept_group_of(view, f, r)
     situation = Situation(now, r.inner_steps, reached_h=f.reached_h_at is not None,
                           met_this_round=f.met_round == f.round, retry_at=f.retry_at,
                           matchmaking_only=r.group_formation == "matchmaking",
-                          kept_group=kept_group_of(view, f, r) is not None, round=f.round, waiter=f.waiter,
+                          kept_group=kept is not None, round=f.round, waiter=f.waiter,
                           awaiting_read=awaiting_read(view, now, f.reread_after, r.rules),
                           board_unknown=board_unknown(view, now, r.rules),
                           view_stale=view_stale(view, r.sharded, f.round))
@@ -188,7 +201,15 @@ def next_plan(view: BoardView, now: float, f: RoundFacts, r: Rules) -> Plan:
         return plan
     board_now = board_time(view, now, r.rules)
     split = round_split(view, board_now, f.me, r.rules, r.sharded, r.target_group_size)
-    planned = board_group_of(view, board_now, f, r) if split and f.reached_h_at is not None else None
+    planned: list = []  # the planned group, once asked for
+
+    def plan_once() -> Optional[tuple[list[str], str]]:
+        if not planned:
+            planned.append(_board_group(view, board_now, f, r, kept))
+        return planned[0]
+
+    group = plan_once() if split and f.reached_h_at is not None else None
     decision = round_decision(board_now, f.me, view.peers, r.rules, f.reached_h_at, alone_waits=r.sharded,
-                              split=split, group=None if planned is None else planned[0])
-    return settle(decision, situation, decision.action is Action.TRAIN and meets_early(view, board_now, f, r))
+                              split=split, group=None if group is None else group[0])
+    return settle(decision, situation, decision.action is Action.TRAIN
+                  and _meets_early(view, board_now, f, r, kept, split, plan_once))

@@ -52,8 +52,7 @@ class Tally:
         """Take peers' contributed counts (``(peer, round, count)``) into the ledger; a claim beyond what the peer
         could have done is cut, and logged once for that peer."""
         for peer, round_number, count in claims:
-            with self._lock:
-                cut = self.ledger.observe(peer, round_number, count)
+            cut = self.ledger.observe(peer, round_number, count)  # the ledger has its own lock
             if cut and self._first_cut(peer):
                 logger.warning("peer %s %s: its count is cut to that", peer[-8:], cut)
 

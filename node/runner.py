@@ -374,15 +374,8 @@ class Node:
         averaging = self.averaging
         if averaging is None:
             return self.work.next_unit()
-        phase = averaging.phase
-
-        def pause() -> None:
-            averaging.phase = "paused"
-
-        try:
-            return self.work.next_unit(on_wait=pause)
-        finally:
-            averaging.phase = phase
+        with contextlib.ExitStack() as waiting:  # paused from the wait's start to the unit
+            return self.work.next_unit(on_wait=lambda: waiting.enter_context(averaging.paused()))
 
     def _pause_while_busy(self, idle: "IdleMonitor", status: "TerminalStatus") -> None:
         """--only-when-idle: while the machine is in use, stop training (peers do not wait for a paused node),
@@ -392,12 +385,11 @@ class Node:
             return
         logger.info("%s", decision.reason)
         self.paused = True
-        self.averaging.phase = "paused"
-        while decision.pause and not self.stop.is_set():
-            status.update(f"paused: {decision.reason}")
-            self.stop.wait(5.0)
-            decision = idle.check()
-        self.averaging.phase = "train"
+        with self.averaging.paused():
+            while decision.pause and not self.stop.is_set():
+                status.update(f"paused: {decision.reason}")
+                self.stop.wait(5.0)
+                decision = idle.check()
         self.paused = False
         logger.info("%s", decision.reason)
 

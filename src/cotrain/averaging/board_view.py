@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Collection, Optional, Sequence
 
 from cotrain.averaging.groups import group_of, host_of, kept_group, plan_arrival_groups, plan_groups
-from cotrain.averaging.progress import (PeerProgress, RoundRules, board_steady, groups_split, live_peers,
+from cotrain.averaging.progress import (Phase, PeerProgress, RoundRules, board_steady, groups_split, live_peers,
                                         round_peers)
 
 
@@ -34,7 +34,7 @@ class BoardView:
 
 def next_view(before: BoardView, peers: Sequence[PeerProgress], read_at: float, view_round: int) -> BoardView:
     """The view after a read that began at ``read_at`` in the shard of ``view_round`` returned ``peers``."""
-    live = frozenset(p.peer_id for p in peers if p.phase != "left")
+    live = frozenset(p.peer_id for p in peers if p.phase != Phase.LEFT)
     return BoardView(tuple(peers), read_at, view_round, before.same_reads + 1 if live == before.last_live else 0,
                      live)
 
@@ -84,7 +84,7 @@ def peers_behind(view: BoardView, now: float, me: PeerProgress, rules: RoundRule
     (:func:`round_split`): a peer one round behind finishes it with its own group. The groupmates of the round
     this peer just averaged (``last_group``) are coming, though their records show them behind."""
     lag = 2 if split else 1
-    return any(p.round <= me.round - lag and p.phase != "paused" and p.peer_id not in last_group
+    return any(p.round <= me.round - lag and p.phase != Phase.PAUSED and p.peer_id not in last_group
                for p in live_peers(now, me, view.peers, rules))
 
 
@@ -96,7 +96,7 @@ def kept_roster(view: BoardView, kept: Optional[tuple[int, Sequence[str]]], roun
     groups are planned from the board this round, or when none of its other members is on the board any more: the
     last read showed none of them (their records expired) or showed them gone. Not judged by the records' age:
     while the group is kept, reads pause (RoundAverager._reads_paused) and its members' records only grow older."""
-    present = {p.peer_id for p in view.peers if p.phase != "left"}
+    present = {p.peer_id for p in view.peers if p.phase != Phase.LEFT}
     return kept_group(kept, round_number, group_rounds, present=present.__contains__, me=me)
 
 
@@ -124,7 +124,7 @@ def board_group(view: BoardView, now: float, me: PeerProgress, rules: RoundRules
     (:func:`kept_roster`); ``me.reducer`` False: this peer cannot be dialled either."""
     dial_out_only = {p.peer_id for p in view.peers if not p.reducer} | ({me.peer_id} if not me.reducer else set())
     if kept is not None:  # the group of the round before meets again: its roster is the plan
-        gone = {p.peer_id for p in view.peers if p.phase == "left"}
+        gone = {p.peer_id for p in view.peers if p.phase == Phase.LEFT}
         members = [peer for peer in kept if peer not in gone]
         host = host_of(members, lambda peer: peer not in dial_out_only, host_turn(run_id, me.round))
         return (members, host) if len(members) >= 2 and host is not None else None

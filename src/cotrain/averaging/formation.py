@@ -25,7 +25,7 @@ from cotrain.averaging.matchmaking import round_group_bits
 from cotrain.averaging.meet import hold_meeting
 from cotrain.averaging.meeting import Meeting, host_key, meeting_key
 from cotrain.averaging.overlap import PendingRound
-from cotrain.averaging.progress import RoundRules
+from cotrain.averaging.progress import Phase, RoundRules
 from cotrain.averaging.reduction import Hosting
 from cotrain.config import AveragingConfig
 from cotrain.outage import Repeats
@@ -128,7 +128,7 @@ class GroupFormer:
         # the meeting waits up to matchmaking_time: these ask the view as it is when they are called, reads included
         # that came in since the group was planned
         def gone(peer: str) -> bool:  # it said on the board that it left (a node stopping after its last round)
-            return any(p.peer_id == peer and p.phase == "left" for p in self._view().peers)
+            return any(p.peer_id == peer and p.phase == Phase.LEFT for p in self._view().peers)
 
         def follow(group: str) -> Optional[tuple[str, PeerID]]:  # the host a meeting names, if our view knows it
             there = next((p for p in self._view().peers

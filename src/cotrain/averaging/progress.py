@@ -45,13 +45,22 @@ class Action(enum.Enum):
     RESYNC = "resync"  # a peer is ahead: download the shared state before going on
 
 
+class Phase(str, enum.Enum):
+    """Where a peer is, as its board record says (a str: the record carries its value)."""
+
+    TRAIN = "train"  # taking local steps
+    AVERAGE = "average"  # its round ended: it is averaging (peers at its round end theirs too)
+    PAUSED = "paused"  # takes no steps for now (its owner uses the machine, or it waits for work): not waited for
+    LEFT = "left"  # gone: its record says so rather than expiring
+
+
 @dataclass(frozen=True)
 class PeerProgress:
     peer_id: str
     round: int
     steps: int  # local steps taken in this round
     samples: int  # samples trained on in this round
-    phase: str = "train"  # "train", "average", "paused" (its owner uses the machine), or "left" (gone)
+    phase: Phase = Phase.TRAIN
     mid_round: bool = False  # joined (or resynchronised) after this round began: not waited for
     time: float = 0.0  # DHT time of the record
     reducer: bool = True  # False: nobody can dial it (behind NAT); it reduces no part, and cannot be met by peers
@@ -62,16 +71,20 @@ class PeerProgress:
     #: the samples of the rounds it applied so far, its own (the swarm's count: cotrain.averaging.ledger)
     contributed: int = 0
 
+    def __post_init__(self):
+        object.__setattr__(self, "phase", Phase(self.phase))  # a str from a record or a test: ValueError if unknown
+
     def to_record(self) -> dict:
         record = asdict(self)
         record.pop("peer_id")
+        record["phase"] = self.phase.value
         return record
 
     @classmethod
     def from_record(cls, peer_id: str, record: dict) -> Optional["PeerProgress"]:
         try:
             return cls(peer_id=peer_id, round=int(record["round"]), steps=int(record["steps"]),
-                       samples=int(record["samples"]), phase=str(record.get("phase", "train")),
+                       samples=int(record["samples"]), phase=Phase(record.get("phase", "train")),
                        mid_round=bool(record.get("mid_round", False)), time=float(record["time"]),
                        reducer=bool(record.get("reducer", True)), since=float(record.get("since", 0.0)),
                        contributed=max(0, int(record.get("contributed", 0))))
@@ -122,7 +135,8 @@ def board_steady(sharded: bool, same_reads: int, live: Collection[str], me: str,
 
 
 def live_peers(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules) -> list[PeerProgress]:
-    return [p for p in peers if p.peer_id != me.peer_id and now - p.time <= rules.stale_after and p.phase != "left"]
+    return [p for p in peers
+            if p.peer_id != me.peer_id and now - p.time <= rules.stale_after and p.phase != Phase.LEFT]
 
 
 def round_peers(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rules: RoundRules,
@@ -131,7 +145,7 @@ def round_peers(now: float, me: PeerProgress, peers: Iterable[PeerProgress], rul
     (``last_group``: they applied the same round, so they are here or coming, though the board shows them behind
     until their next record: rounds shorter than ``progress_interval`` leave records several rounds behind).
     Paused peers are left out: they will not come to the round's meeting."""
-    return [p.peer_id for p in live_peers(now, me, peers, rules) if p.phase != "paused"
+    return [p.peer_id for p in live_peers(now, me, peers, rules) if p.phase != Phase.PAUSED
             and (p.round == me.round or (p.round < me.round and p.peer_id in last_group))]
 
 
@@ -160,14 +174,14 @@ def round_decision(now: float, me: PeerProgress, peers: Iterable[PeerProgress], 
     live = live_peers(now, me, peers, rules)
     ahead = [p for p in live if p.round > me.round]
     if split and ahead and max(p.round for p in ahead) == me.round + 1 and any(
-            p.round == me.round and p.phase != "paused" for p in live):
+            p.round == me.round and p.phase != Phase.PAUSED for p in live):
         ahead = []  # finish this round with the peers still at it
         live = [p for p in live if p.round <= me.round]
     if ahead:
         lead = max(ahead, key=lambda p: p.round)
         return Decision(Action.RESYNC, f"peer {lead.peer_id[-8:]} is at round {lead.round}, we are at {me.round}")
     same = [p for p in live if p.round == me.round]
-    averaging = [p for p in same if p.phase == "average"]
+    averaging = [p for p in same if p.phase == Phase.AVERAGE]
     if averaging and me.steps > 0:
         return Decision(Action.AVERAGE, f"peer {averaging[0].peer_id[-8:]} began averaging round {me.round}")
     if me.steps < rules.inner_steps:
@@ -180,7 +194,7 @@ def round_decision(now: float, me: PeerProgress, peers: Iterable[PeerProgress], 
         return Decision(Action.AVERAGE, f"reached {rules.inner_steps} steps alone in "
                                         f"{'its shard of the board' if alone_waits else 'the swarm'}")
     # peers behind us resynchronise to our round (and are then not waited for); peers here are waited for
-    waiting_on = [p for p in live if p.phase != "paused" and (not split or group is None or p.peer_id in group)
+    waiting_on = [p for p in live if p.phase != Phase.PAUSED and (not split or group is None or p.peer_id in group)
                   and ((p.round < me.round and not (split and p.round == me.round - 1))
                        or (p.round == me.round and not p.mid_round and p.steps < rules.inner_steps))]
     if not waiting_on:

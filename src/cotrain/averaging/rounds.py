@@ -21,11 +21,12 @@ the node's main thread. It asks :mod:`cotrain.averaging.scheduler` when a round 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 from hivemind.dht import DHT
@@ -46,7 +47,7 @@ from cotrain.averaging.round_run import RoundRun
 from cotrain.averaging.round_stats import RoundStats
 from cotrain.averaging.scheduler import (Move, RoundFacts, Rules, board_group_of, kept_group_of, next_plan,
                                          reads_paused)
-from cotrain.averaging.progress import (Action, Decision, PeerProgress, RoundRules, live_peers)
+from cotrain.averaging.progress import (Action, Decision, PeerProgress, Phase, RoundRules, live_peers)
 from cotrain.averaging.state import STATE_KEY, Progress
 from cotrain.averaging.shared_state import SharedState
 from cotrain.averaging.state_source import StateSource
@@ -123,7 +124,8 @@ class RoundAverager:
         #: what the config says about when rounds end and who meets (cotrain.averaging.scheduler)
         self.plan_rules = Rules(self.rules, cfg.inner_steps, cfg.group_formation, cfg.group_rounds,
                                 cfg.target_group_size, self.sharded, run_id)
-        self.phase = "train"
+        #: what this peer's board record says it does; only the node's main thread changes it
+        self.phase = Phase.TRAIN
         self._stop = threading.Event()
         #: this peer's record on the board, and its view of the others' (:attr:`view`), kept by a thread of its own
         self._publisher = BoardPublisher(
@@ -186,10 +188,20 @@ class RoundAverager:
         return RoundFacts(self.progress(), self.reached_h_at, self.former.met_round, self.retry_at, self._reread_after,
                           self._kept, tuple(self.stats.last_group), waiter)
 
-    def progress(self, phase: str = "train") -> PeerProgress:
+    def progress(self, phase: Phase = Phase.TRAIN) -> PeerProgress:
         return PeerProgress(self.peer_id, self.round, self.steps_in_round, self.samples_in_round, phase,
                             self.mid_round, time.time(), reducer=not self.client_mode, since=self.round_since,
                             contributed=self.tally.contributed)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Shown as paused on the board while the node takes no steps (its owner uses the machine, or it waits for a
+        work unit): a peer that takes no steps must not be planned into a group or waited for."""
+        before, self.phase = self.phase, Phase.PAUSED
+        try:
+            yield
+        finally:
+            self.phase = before
 
     def wait_for_peers(self, count: int, timeout: float, stop: Optional[threading.Event] = None) -> int:
         """Wait until ``count`` peers (ourselves included) are on the board (BoardPublisher.wait_for_peers)."""
@@ -323,7 +335,7 @@ class RoundAverager:
             self._apply_and_advance(contribution, group_size=1, clock=self.clock, swarm=swarm,
                                     added=self.samples_in_round)
             return
-        self.phase = "average"
+        self.phase = Phase.AVERAGE
         if not early and announce:
             # tell the round's peers at once that it ends (round_decision: "peer X began averaging"). Not for the
             # early meeting: its groupmates come to it when they take their own H steps, signal or none; and one
@@ -368,7 +380,7 @@ class RoundAverager:
         """Act on a round's result, on the main thread, between two local steps."""
         overlapped = launch.future is not None
         self._pending = None
-        self.phase = "train"
+        self.phase = Phase.TRAIN
         self.stats.counted(result, kept_group(self._kept, launch.round, self.cfg.group_rounds) is not None)
         added = result.samples  # the group's samples as credited: the same figure on every member
         if result.kind in (Kind.APPLY, Kind.RESYNC):  # our samples are in the group's average either way
@@ -453,7 +465,7 @@ class RoundAverager:
         self._stop.set()
         self._publisher.stop()
         try:  # tell the peers at once that we are gone, rather than letting our record expire
-            self.board.publish(self.progress("left"))
+            self.board.publish(self.progress(Phase.LEFT))
         except Exception as e:  # noqa: BLE001 - the record then expires by itself within its TTL
             logger.warning("could not announce leaving on the progress board (%r); the record expires by itself", e)
         self.shared.shutdown()

@@ -22,7 +22,7 @@ import torch
 from hivemind.p2p import PeerID
 
 from cotrain.averaging.exchange import Exchange
-from cotrain.averaging.progress import PeerProgress
+from cotrain.averaging.progress import Phase, PeerProgress
 from cotrain.checkpoint import Checkpoint, CheckpointError, decode_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class StateHash:
 
 def pick_donors(now: float, me: str, peers: Sequence[PeerProgress], stale_after: float) -> list[PeerProgress]:
     """Live peers other than ``me``, the most progress first (round, then samples in the round)."""
-    live = [p for p in peers if p.peer_id != me and p.phase != "left" and now - p.time <= stale_after]
+    live = [p for p in peers if p.peer_id != me and p.phase != Phase.LEFT and now - p.time <= stale_after]
     return sorted(live, key=lambda p: (p.round, p.samples), reverse=True)
 
 

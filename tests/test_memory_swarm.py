@@ -9,7 +9,9 @@ import torch
 
 from cotrain.averaging import build_strategy
 from cotrain.averaging.admission import Admission
-from cotrain.averaging.testing import MemorySwarm, memory_peer_id
+from cotrain.averaging.board_view import board_time
+from cotrain.averaging.progress import live_peers
+from cotrain.averaging.testing import ManualClock, MemorySwarm, memory_peer_id
 from cotrain.config import RunConfig
 
 RUN = "memory"
@@ -27,6 +29,8 @@ class Peer:
     """A tiny model trained on its own random regression task, averaging with the others."""
 
     def __init__(self, swarm: MemorySwarm, name: str, cfg: RunConfig, seed: int):
+        #: a ManualClock moves 5 ms a step: the swarm's time goes on as the peers train, and stands when they stop
+        self.clock = swarm.clock if isinstance(swarm.clock, ManualClock) else None
         torch.manual_seed(0)  # every peer starts from the same model, as a swarm's warm start gives it
         self.model = torch.nn.Linear(8, 1)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
@@ -43,6 +47,8 @@ class Peer:
         loss.backward()
         self.averaging.local_step()
         self.averaging.after_local_step(16)
+        if self.clock is not None:
+            self.clock.advance(0.005)
 
     def train_until(self, done, deadline: float) -> None:
         try:
@@ -66,8 +72,8 @@ def train(peers, done, seconds: float = 30.0) -> None:
 def swarm():
     made = []
 
-    def make(count: int, compression: str = "", **averaging):
-        swarm, cfg = MemorySwarm(RUN), run_config(compression, **averaging)
+    def make(count: int, compression: str = "", clock=None, **averaging):
+        swarm, cfg = MemorySwarm(RUN, clock=clock), run_config(compression, **averaging)
         peers = [Peer(swarm, f"p{i}", cfg, seed=i) for i in range(count)]
         made.extend(peers)
         for p in peers:  # as a node does before it trains: a peer alone on its board averages alone
@@ -129,3 +135,30 @@ def test_a_peer_that_stops_mid_round_leaves_the_others_averaging(swarm):
     train(peers[:2], lambda p: p.averaging.round >= start + 3)
     assert all(p.averaging.round >= start + 3 for p in peers[:2]), [p.averaging.round for p in peers]
     assert list(peers[0].averaging.stats.snapshot().last_group) == [peers[1].peer_id]
+
+
+def test_a_frozen_peer_is_gone_when_the_swarms_clock_has_aged_its_record(swarm):
+    clock = ManualClock()
+    memory, peers = swarm(3, clock=clock)
+    train(peers, lambda p: p.averaging.round >= 2)
+    memory.freeze(peers[2].peer_id)
+    me = peers[0].averaging
+
+    def live_after_next_reads() -> set:
+        reads = me.stats.board_reads
+        deadline = time.monotonic() + 10.0
+        while me.stats.board_reads < reads + 3:  # it reads every 50 ms
+            assert time.monotonic() < deadline, "peer 0 stopped reading the board"
+            time.sleep(0.01)
+        view = me.view
+        return {p.peer_id for p in live_peers(board_time(view, clock.now(), me.rules), me.progress(), view.peers,
+                                              me.rules)}
+
+    # while the clock stands, its last record is as fresh as when it was written, however long the test waits
+    assert peers[2].peer_id in live_after_next_reads()
+    clock.advance(me.rules.stale_after + 0.5)
+    assert live_after_next_reads() == {peers[1].peer_id}  # the live peer published afresh; the frozen one did not
+    start = min(p.averaging.round for p in peers[:2])
+    train(peers[:2], lambda p: p.averaging.round >= start + 2)
+    assert all(p.averaging.round >= start + 2 for p in peers[:2]), [p.averaging.round for p in peers]
+    assert list(me.stats.snapshot().last_group) == [peers[1].peer_id]

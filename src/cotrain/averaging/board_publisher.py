@@ -15,6 +15,7 @@ import time
 from typing import Callable, Iterable, Optional, Protocol
 
 from cotrain.averaging.board_view import BoardView, board_time, next_view
+from cotrain.averaging.clock import DhtClock
 from cotrain.averaging.progress import PeerProgress, ProgressBoard, RoundRules, live_peers
 from cotrain.outage import Outage
 
@@ -49,14 +50,16 @@ class BoardPublisher:
 
     ``paused()``: skip the read (the record is still published, less often while its round and phase stay as they
     were); ``stats``: counts the reads made and skipped; ``on_counts``: every read's ``(peer, round, contributed)``
-    of the other peers. Failures to store and to read are logged apart (cotrain.outage), and the thread goes on."""
+    of the other peers; ``now``: the swarm's clock (a read's time). Failures to store and to read are logged apart
+    (cotrain.outage), and the thread goes on."""
 
     def __init__(self, board: ProgressBoard, interval: float, *, progress: Callable[[], PeerProgress],
                  paused: Callable[[], bool], steady: Callable[[BoardView], bool], stats: ReadCounts,
-                 on_counts: Callable[[Iterable[tuple[str, int, int]]], None]):
+                 on_counts: Callable[[Iterable[tuple[str, int, int]]], None],
+                 now: Callable[[], float] = DhtClock().now):
         self.board, self.interval = board, interval
         self._progress, self._paused, self._steady = progress, paused, steady
-        self._stats, self._on_counts = stats, on_counts
+        self._stats, self._on_counts, self._now = stats, on_counts, now
         #: the last read, replaced whole by this thread (one reference assignment: readers never see half of one)
         self._view = BoardView()
         self._stop = threading.Event()
@@ -87,21 +90,21 @@ class BoardPublisher:
         rounds judge them, by ``rules``: on a loaded machine a read takes seconds); -> how many there are."""
         sharded = self.board.shards > 1
         me = self._progress()
-        deadline = time.time() + timeout
-        said = time.time()
+        deadline = time.monotonic() + timeout
+        said = time.monotonic()
         while True:
             view = self._view
             # a sharded board's view is one shard: count the swarm from every shard (O(N), once at a start)
             peers = (self.board.read_all() or []) if sharded else view.peers
-            live = {p.peer_id for p in live_peers(board_time(view, time.time(), rules), self._progress(), peers,
+            live = {p.peer_id for p in live_peers(board_time(view, self._now(), rules), self._progress(), peers,
                                                   rules)}
             live.add(me.peer_id)
-            if len(live) >= count or time.time() >= deadline or (stop is not None and stop.is_set()):
+            if len(live) >= count or time.monotonic() >= deadline or (stop is not None and stop.is_set()):
                 return len(live)
-            if time.time() - said >= 30.0:
-                said = time.time()
+            if time.monotonic() - said >= 30.0:
+                said = time.monotonic()
                 logger.info("waiting for peers: %d of %d on the progress board (%d records read %.0fs ago)",
-                            len(live), count, len(peers), time.time() - view.read_at)
+                            len(live), count, len(peers), self._now() - view.read_at)
             time.sleep(self.interval * (2 if sharded else 0.5))  # every shard: less often
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -143,7 +146,7 @@ class BoardPublisher:
                 if paused:
                     self._stats.board_reads_skipped += 1
                 else:
-                    read_at = time.time()
+                    read_at = self._now()
                     self._stats.board_reads += 1
                     peers = self.board.read(shard=self.board.shard(mine.round, mine.peer_id))
                     if peers is None:  # a DHT that did not answer in time leaves what we knew (it goes stale)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -20,6 +19,7 @@ from hivemind.p2p import PeerID
 
 from cotrain.averaging.admission import Admission
 from cotrain.averaging.board_view import BoardView, board_time
+from cotrain.averaging.clock import DhtClock
 from cotrain.averaging.exchange import Exchange
 from cotrain.averaging.matchmaking import round_group_bits
 from cotrain.averaging.meet import hold_meeting
@@ -75,10 +75,10 @@ class GroupFormer:
 
     def __init__(self, peer_id: str, cfg: AveragingConfig, exchange: Exchange, admission: Admission, averager,
                  client_mode: bool, view: Callable[[], BoardView], plan: Plan, rules: RoundRules,
-                 stop: threading.Event):
+                 stop: threading.Event, now: Callable[[], float] = DhtClock().now):
         self.peer_id, self.cfg, self.exchange, self.admission = peer_id, cfg, exchange, admission
         self.averager, self.client_mode, self.rules, self._stop = averager, client_mode, rules, stop
-        self._view, self._plan = view, plan
+        self._view, self._plan, self._now = view, plan, now
         #: the last round whose meeting this peer went to, and how many meetings it held in it (each answered apart:
         #: meeting.Meeting.attempt). With matchmaking to fall back on a round holds one meeting; "board_only" meets
         #: again at every try
@@ -104,7 +104,7 @@ class GroupFormer:
         ``hosting``: the round's all-reduce rides with the meeting (this peer's contribution goes with its meeting;
         a host reduces the group's)."""
         view = self._view()
-        planned = self._plan(view, board_time(view, time.time(), self.rules))
+        planned = self._plan(view, board_time(view, self._now(), self.rules))
         self._meetings_held = self._meetings_held + 1 if self.met_round == launch.round else 1
         self.met_round = launch.round
         if planned is None and not self.client_mode and self.walk_ins(launch.round):

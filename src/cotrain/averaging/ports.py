@@ -6,7 +6,8 @@
   Exchange` over the DHT's libp2p daemon; :class:`~cotrain.averaging.meeting.Transport` is what a meeting needs of
   it);
 - ``matchmaker``: hivemind's averager, for groups that do not form on the board (None with ``group_formation =
-  "board_only"``).
+  "board_only"``);
+- ``clock``: the swarm's time (:mod:`cotrain.averaging.clock`): a record's time and age, a round's start.
 
 :meth:`Ports.over_dht` builds a node's; :mod:`cotrain.averaging.testing` has a swarm of them in one process's
 memory, where the real strategies run rounds in seconds and without a daemon.
@@ -14,10 +15,11 @@ memory, where the real strategies run rounds in seconds and without a daemon.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from cotrain.averaging.admission import Admission
+from cotrain.averaging.clock import Clock, DhtClock
 from cotrain.averaging.exchange import Exchange, UploadLimiter
 from cotrain.averaging.matchmaking import make_averager
 from cotrain.averaging.progress import ProgressBoard
@@ -29,6 +31,7 @@ class Ports:
     board: Any
     exchange: Any
     matchmaker: Optional[Any] = None
+    clock: Clock = field(default_factory=DhtClock)
 
     @classmethod
     def over_dht(cls, dht, run_id: str, cfg: AveragingConfig, admission: Admission, *, ttl: float,

@@ -24,13 +24,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 from hivemind.dht import DHT
-from hivemind.utils import get_dht_time
 
 from cotrain.averaging.admission import Admission
 from cotrain.averaging.board_publisher import BoardPublisher
@@ -82,9 +80,15 @@ class RoundAverager:
         #: a bench's liar: it says this many times the samples it trained on (honest peers: 1)
         self.overclaim = max(1.0, float(overclaim))
         self.round = 0
-        #: DHT time this peer came to its round (published as PeerProgress.since: a sharded board's groups are cut
-        #: in the order the peers came)
-        self.round_since = float(get_dht_time())
+        self.rules = RoundRules(cfg.inner_steps, cfg.round_wait, stale_after=3 * cfg.progress_interval + 1.0)
+        self.admission = admission
+        self.ports = ports or Ports.over_dht(dht, run_id, cfg, admission, ttl=self.rules.stale_after,
+                                             record_key=record_key, client_mode=client_mode, upload_bps=upload_bps)
+        #: the swarm's time (cotrain.averaging.clock): a record's time, a round's start, the board's ages
+        self.now = self.ports.clock.now
+        #: the time this peer came to its round (published as PeerProgress.since: a sharded board's groups are cut in
+        #: the order the peers came)
+        self.round_since = self.now()
         #: where this peer stands on the swarm's clock: the swarm's samples, its own, every peer's as last seen
         self.tally = Tally.for_run(peer_id, cfg.inner_steps, step_samples)
         #: the run's batch: a local step's samples before any round set the pace
@@ -113,10 +117,6 @@ class RoundAverager:
         if self._worker is not None:  # its thread starts now, not at the first round: it inherits the priority of
             self._worker.submit(int).result()  # the thread that starts it, and the node's training runs nicer
         self._pending: Optional[PendingRound] = None
-        self.rules = RoundRules(cfg.inner_steps, cfg.round_wait, stale_after=3 * cfg.progress_interval + 1.0)
-        self.admission = admission
-        self.ports = ports or Ports.over_dht(dht, run_id, cfg, admission, ttl=self.rules.stale_after,
-                                             record_key=record_key, client_mode=client_mode, upload_bps=upload_bps)
         self.board, self.exchange, self.averager = self.ports.board, self.ports.exchange, self.ports.matchmaker
         #: averaging.board_shards > 1: this peer reads only its shard's key at its round, so the view of one round
         #: says nothing about the next (see board_view.view_stale)
@@ -131,7 +131,7 @@ class RoundAverager:
         self._publisher = BoardPublisher(
             self.board, cfg.progress_interval, progress=lambda: self.progress(self.phase), paused=self._reads_paused,
             steady=lambda view: view_steady(view, self.sharded, self.peer_id, self.stats.last_group),
-            stats=self.stats, on_counts=self.tally.observe)
+            stats=self.stats, on_counts=self.tally.observe, now=self.now)
         #: what the round's contributions go through on the wire, and what compression left out of them
         self.reduction = Reduction(self.exchange, cfg, compression, [p.shape for p in self.params],
                                    strategy.feedback, seed, attack)
@@ -146,10 +146,10 @@ class RoundAverager:
                                   wait_for_read=lambda timeout: self._publisher.wait_for_read(timeout=timeout),
                                   sharded=self.sharded, stale_after=self.rules.stale_after,
                                   progress_interval=cfg.progress_interval, retry_wait_s=cfg.matchmaking_time,
-                                  stop=self._stop)
+                                  stop=self._stop, now=self.now)
         #: who averages in a round, and the round's network side from its launch to its result
         self.former = GroupFormer(peer_id, cfg, self.exchange, admission, self.averager, client_mode,
-                                  view=lambda: self.view, rules=self.rules, stop=self._stop,
+                                  view=lambda: self.view, rules=self.rules, stop=self._stop, now=self.now,
                                   plan=lambda view, now: board_group_of(view, now, self.facts(), self.plan_rules))
         self.runner = RoundRun(peer_id, cfg, self.former, self.reduction, self.shared.copy, self._flag,
                                self.tally.note_credits)
@@ -190,7 +190,7 @@ class RoundAverager:
 
     def progress(self, phase: Phase = Phase.TRAIN) -> PeerProgress:
         return PeerProgress(self.peer_id, self.round, self.steps_in_round, self.samples_in_round, phase,
-                            self.mid_round, time.time(), reducer=not self.client_mode, since=self.round_since,
+                            self.mid_round, self.now(), reducer=not self.client_mode, since=self.round_since,
                             contributed=self.tally.contributed)
 
     @contextlib.contextmanager
@@ -232,7 +232,7 @@ class RoundAverager:
         with torch.no_grad(), self.shared.lock:
             self.shared.write(tensors, params_only)
             self.round = int(metadata["round"])
-            self.round_since = float(get_dht_time())
+            self.round_since = self.now()
             self.tally.take(metadata)
             self.strategy.load_shared_metadata(metadata)
         self.strategy.after_shared_change()
@@ -278,7 +278,7 @@ class RoundAverager:
         """Account one local step; end the round when the swarm is ready. Returns the decision unless TRAIN."""
         self.steps_in_round += 1
         self.samples_in_round += samples
-        now = time.time()
+        now = self.now()
         if self.steps_in_round >= self.cfg.inner_steps and self.reached_h_at is None:
             self.reached_h_at = now
             if self.sharded:  # read the shard afresh for the early meeting (see scheduler.meets_early)
@@ -288,7 +288,7 @@ class RoundAverager:
             if not pending.future.done() and self.steps_in_round < self.cfg.inner_steps:
                 return None  # the round's all-reduce runs on while we train
             self._finish_round(pending, self._result_of(pending))  # waits once the next round's steps are taken
-            now = time.time()
+            now = self.now()
         view = self.view  # every test of this step judges the same read
         plan = next_plan(view, now, self.facts(waiter=self._waited_for(view)), self.plan_rules)
         if view_stale(view, self.sharded, self.round):  # read the new round's shard at once
@@ -310,7 +310,7 @@ class RoundAverager:
         training, 99 times in one run); the request tells it at once. -> the peer's id, or None."""
         # awaiting a read: our view failed a meeting, and the same view would fail again
         if (self.cfg.group_formation == "matchmaking" or self.steps_in_round == 0 or self._pending is not None
-                or awaiting_read(view, time.time(), self._reread_after, self.rules)):
+                or awaiting_read(view, self.now(), self._reread_after, self.rules)):
             return None
         askers = self.exchange.askers(meeting_key(self.round), within_s=1.0)
         return min(askers) if askers else None
@@ -318,7 +318,7 @@ class RoundAverager:
     def _resync(self, prefer: Sequence[str] = (), min_round: int = 0) -> None:
         self.stats.resyncs += 1
         if not self.load_state_from_peers(prefer=prefer, min_round=min_round):
-            self.retry_at = time.time() + self.cfg.matchmaking_time
+            self.retry_at = self.now() + self.cfg.matchmaking_time
 
     def _average(self, early: bool = False, announce: bool = True) -> None:
         """End the round: average this peer's contribution with a group (in the background with
@@ -327,7 +327,7 @@ class RoundAverager:
         (not when a groupmate already waits at the meeting: it knows)."""
         contribution = self.strategy.contribution()
         view = self.view
-        live = live_peers(board_time(view, time.time(), self.rules), self.progress(), view.peers, self.rules)
+        live = live_peers(board_time(view, self.now(), self.rules), self.progress(), view.peers, self.rules)
         peers_here = [p for p in live if p.round == self.round]
         if not live and kept_group_of(view, self.facts(), self.plan_rules) is None:
             swarm = self.tally.swarm_view()  # before our own samples join the ledger: they are the round's
@@ -413,10 +413,10 @@ class RoundAverager:
         self.stats.last_reason = f"round {launch.round}: {result.reason}; training on and retrying"
         if result.reread:  # views of the board differ while peers come and go: expected, and over at the next read
             self._news.info(result.reason, "%s after the next read of the board", self.stats.last_reason)
-            self._reread_after = time.time()
+            self._reread_after = self.now()
             return
         logger.warning("%s", self.stats.last_reason)
-        self.retry_at = time.time() + self.cfg.matchmaking_time
+        self.retry_at = self.now() + self.cfg.matchmaking_time
 
     def _flag(self, round_number: int, dropped: Mapping[str, str]) -> None:
         for peer, why in dropped.items():
@@ -444,7 +444,7 @@ class RoundAverager:
             self.tally.advance(swarm, added)
             self.stats.applied(self.round, group_size)
             self.round += 1
-            self.round_since = float(get_dht_time())
+            self.round_since = self.now()
         # hashed while the node takes its next local step: the next round's meeting reads it
         self.shared.changed()
         self._news.info("round done", "round %d done with %d peer(s): now at round %d", self.round - 1, group_size,

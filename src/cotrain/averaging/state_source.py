@@ -8,10 +8,10 @@ nothing: the front (:class:`~cotrain.averaging.rounds.RoundAverager`) takes it i
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable, Optional, Sequence
 
 from cotrain.averaging.board_view import BoardView
+from cotrain.averaging.clock import DhtClock
 from cotrain.averaging.state import Progress, download_state, pick_donors
 from cotrain.checkpoint import Checkpoint
 
@@ -23,18 +23,19 @@ class StateSource:
 
     def __init__(self, exchange, peer_id: str, run_id: str, *, view: Callable[[], BoardView],
                  read_all: Callable[[], Optional[list]], wait_for_read: Callable[[float], bool], sharded: bool,
-                 stale_after: float, progress_interval: float, retry_wait_s: float, stop: threading.Event):
+                 stale_after: float, progress_interval: float, retry_wait_s: float, stop: threading.Event,
+                 now: Callable[[], float] = DhtClock().now):
         self.exchange, self.peer_id, self.run_id, self.sharded = exchange, peer_id, run_id, sharded
         self._view, self._read_all, self._wait_for_read = view, read_all, wait_for_read
         self.stale_after, self.progress_interval, self.retry_wait_s = stale_after, progress_interval, retry_wait_s
-        self._stop = stop
+        self._stop, self._now = stop, now
 
     def from_the_swarm(self, timeout: float, on_progress: Optional[Progress] = None) -> Optional[Checkpoint]:
         """The state of the peer with the most progress that sends a valid one; None when no peer does."""
         self._wait_for_read(min(timeout, 3 * self.progress_interval + 5.0))
-        donors = pick_donors(time.time(), self.peer_id, self._view().peers, self.stale_after)
+        donors = pick_donors(self._now(), self.peer_id, self._view().peers, self.stale_after)
         if not donors and self.sharded:  # nobody in our shard's key: look in every shard
-            donors = pick_donors(time.time(), self.peer_id, self._read_all() or [], self.stale_after)
+            donors = pick_donors(self._now(), self.peer_id, self._read_all() or [], self.stale_after)
         result = download_state(self.exchange, donors, timeout, on_progress, run_id=self.run_id)
         return None if result is None else result[0]
 

@@ -5,7 +5,9 @@ records expiring as the DHT's do) and a :class:`MemoryExchange` (the exchange's 
 outbox`, with requests answered by the peer they go to, in the caller's thread). The real strategies run over them
 (``build_strategy(..., ports=swarm.ports(peer_id))``): meetings, all-reduces, state downloads and the board's decisions go
 as they do between nodes, minus the network, so a test of three peers' rounds takes seconds. A peer that
-:meth:`MemorySwarm.freeze` froze neither answers nor is answered, as a peer stopped mid-round.
+:meth:`MemorySwarm.freeze` froze neither answers nor is answered, as a peer stopped mid-round. The swarm's clock
+(:mod:`cotrain.averaging.clock`) is DHT time, or a :class:`ManualClock` that only the test moves: the board's records
+then age, and go stale, when the test says.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Callable, Optional, Sequence
 from hivemind.p2p import PeerID
 
 from cotrain.averaging.admission import Admission
+from cotrain.averaging.clock import Clock, DhtClock
 from cotrain.averaging.exchange import MAX_DEPOSIT_BYTES
 from cotrain.averaging.outbox import Askers, DepositBox, Outbox
 from cotrain.averaging.ports import Ports
@@ -30,11 +33,30 @@ def memory_peer_id(name: str) -> str:
     return PeerID(b"\x12\x20" + hashlib.sha256(name.encode()).digest()).to_base58()
 
 
-class MemorySwarm:
-    """The peers of one run in this process: their board, and their exchanges by peer id."""
+class ManualClock:
+    """The swarm's clock as a test moves it: it stands at ``start`` until :meth:`advance`."""
 
-    def __init__(self, run_id: str = "memory", ttl: float = 4.0, shards: int = 1, shard_rounds: int = 1):
+    def __init__(self, start: float = 1_000_000.0):
+        self._now = start
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
+
+
+class MemorySwarm:
+    """The peers of one run in this process: their board, their exchanges by peer id, and their clock (``clock``:
+    DHT time when None)."""
+
+    def __init__(self, run_id: str = "memory", ttl: float = 4.0, shards: int = 1, shard_rounds: int = 1,
+                 clock: Optional[Clock] = None):
         self.run_id, self.ttl, self.shards, self.shard_rounds = run_id, ttl, shards, shard_rounds
+        self.clock = clock or DhtClock()
         self.changed = threading.Condition()  # a piece published or withdrawn, anywhere
         self.exchanges: dict[str, MemoryExchange] = {}
         self.frozen: set[str] = set()
@@ -44,7 +66,7 @@ class MemorySwarm:
         admission = admission or Admission(self.run_id, None, enabled=False)
         exchange = MemoryExchange(self, peer_id, admission)
         self.exchanges[peer_id] = exchange
-        return Ports(MemoryBoard(self, admission), exchange)
+        return Ports(MemoryBoard(self, admission), exchange, clock=self.clock)
 
     def freeze(self, peer_id: str) -> None:
         """The peer stops answering and its requests go unanswered (a process stopped, a link cut)."""
@@ -68,7 +90,7 @@ class MemoryBoard:
         return shard_of(self.swarm.run_id, round_number, peer_id, self.shards, self.swarm.shard_rounds)
 
     def publish(self, progress: PeerProgress, shard: Optional[int] = None) -> Future:
-        record = dict(progress.to_record(), time=time.time())
+        record = dict(progress.to_record(), time=self.swarm.clock.now())
         stored: Future = Future()
         with self.swarm.changed:
             if progress.peer_id not in self.swarm.frozen:
@@ -87,7 +109,7 @@ class MemoryBoard:
         return False
 
     def _live(self) -> list[tuple[int, PeerProgress]]:
-        now = time.time()
+        now = self.swarm.clock.now()
         with self.swarm.changed:
             records = list(self.swarm.records.items())
         out = []

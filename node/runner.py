@@ -19,26 +19,26 @@ from typing import Optional
 
 import torch
 
-from cotrain.averaging import Admission, RoundAverager, build_strategy, load_record_key, start_dht, visible_maddrs
+from cotrain.averaging import Admission, RoundAverager, build_strategy, load_record_key
 from cotrain.averaging.admission import AdmissionError, public_key_from_bytes
-from cotrain.checkpoint import (CheckpointError, decode_checkpoint, load_checkpoint, named_state,
-                                save_checkpoint)
 from cotrain.client import CoordinatorClient, CoordinatorUnavailable
 from cotrain.config import RunConfig
 from cotrain.models import count_parameters
 from cotrain.optim import build_optimizer
 from cotrain.optim.schedule import Schedule, lr_factor
-from cotrain.protocol import DIAL_OUT_ONLY
 from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
+from cotrain.node.data_plane import start_data_plane
 from cotrain.node.identity import NodeIdentity
 from cotrain.node.heartbeat import heartbeat_loop
 from cotrain.node.options import NodeOptions
 from cotrain.node.report import Metrics, node_metrics, status_figures
+from cotrain.node.resume import save_last, warm_start
 from cotrain.node.status_file import StatusFile
 from cotrain.node.step_record import StepRecord
-from cotrain.node.terminal import TerminalStatus, download_progress
+from cotrain.node.terminal import TerminalStatus
+from cotrain.node.unit_reader import UnitReader
 from cotrain.node.work import WorkQueue
 from cotrain.memory import release_freed_memory
 from cotrain.node.limits import (IdleMonitor, OtherProcessesLoad, format_cpu_list, lower_thread_priority, pin_cpus,
@@ -133,7 +133,10 @@ class Node:
         # never walked (nor freed: what exists now lives as long as the node anyway)
         gc.collect()
         gc.freeze()
-        dht, client_mode = self._start_data_plane(response, record_key)
+        dht, client_mode, reply = start_data_plane(self.client, opts, response.initial_peers, record_key)
+        self.reachability = reply.reachability
+        self.admission.set_credential(reply.credential)
+        self.admission.apply_revocations(reply.revocations)
         heartbeat = threading.Thread(target=self._heartbeat_loop, args=(response.heartbeat_interval_s,),
                                      name="heartbeat", daemon=True)
         opt_cfg = cfg.optimizer
@@ -153,7 +156,7 @@ class Node:
             if opts.wait_peers > 1:
                 found = self.averaging.wait_for_peers(opts.wait_peers, opts.wait_peers_timeout, self.stop)
                 logger.info("%d of %d peers present; starting", found, opts.wait_peers)
-            self._warm_start(response.run.run_id)
+            warm_start(self.averaging, self.client, response.run.run_id, opts.state_dir, opts.state_download_timeout)
             self._train(task, model, optimizer, cfg, device, response.run.train_bytes)
         finally:
             self.stop.set()
@@ -161,7 +164,7 @@ class Node:
                 heartbeat.join(timeout=5)
             try:
                 if self.averaging is not None:
-                    self._save_last(cfg)
+                    save_last(self.averaging, opts.state_dir, cfg)
                     # the averager before the DHT; it lets groupmates fetch our last pieces first, so the figures
                     # we leave with count every byte we sent
                     self.averaging.shutdown()
@@ -174,65 +177,6 @@ class Node:
                 dht.shutdown()
                 self.client.close()
 
-    def _start_data_plane(self, response: pb.JoinResponse, record_key):
-        """Start the DHT peer and register it: the coordinator dials it and issues this node's credential. A node
-        the coordinator cannot dial (behind NAT) restarts its DHT peer in client mode, so that its peers do not
-        waste their rounds dialling an address nobody can reach. -> (DHT, client mode)."""
-        opts = self.options
-        identity = str(opts.state_dir / "dht.key") if opts.state_dir else None
-        record_public = record_key.get_public_key().to_bytes()
-        client_mode = opts.client_mode
-        while True:
-            dht = start_dht(response.initial_peers, host=opts.dht_host, port=opts.dht_port, client_mode=client_mode,
-                            identity_path=identity, announce=opts.dht_announce)
-            try:
-                reply = self.client.register_peer(str(dht.peer_id), visible_maddrs(dht), record_public, client_mode)
-            except BaseException:
-                dht.shutdown()
-                raise
-            if reply.reachability == DIAL_OUT_ONLY and not client_mode and not opts.assume_public:
-                logger.warning("%s; restarting the DHT peer in client mode", reply.reason)
-                dht.shutdown()
-                client_mode = True
-                continue
-            break
-        self.reachability = reply.reachability
-        logger.info("DHT peer %s is %s: %s", str(dht.peer_id)[-8:], reply.reachability, reply.reason)
-        self.admission.set_credential(reply.credential)
-        self.admission.apply_revocations(reply.revocations)
-        return dht, client_mode
-
-    def _warm_start(self, run_id: str) -> None:
-        """Never random weights in a run that has progress: the state of the peer with the most progress, else
-        the newer of the coordinator's latest checkpoint and this node's own last state, else the run's initial
-        weights (a new run)."""
-        averaging = self.averaging
-        with download_progress("state from peers") as progress:
-            if averaging.load_state_from_peers(timeout=self.options.state_download_timeout, on_progress=progress):
-                logger.info("warm start: downloaded the swarm's state at round %d from a peer", averaging.round)
-                return
-        candidates = []
-        with download_progress("checkpoint from the coordinator") as progress:
-            data = self.client.get_checkpoint(on_progress=progress)
-        if data is not None:
-            try:
-                candidates.append(("the coordinator's checkpoint", decode_checkpoint(data, "the coordinator's checkpoint")))
-            except CheckpointError as e:
-                logger.warning("%s", e)
-        own = self.options.state_dir / "last.safetensors" if self.options.state_dir else None
-        if own is not None and own.exists():
-            try:
-                candidates.append(("this node's last state", load_checkpoint(own)))
-            except CheckpointError as e:
-                logger.warning("%s", e)
-        candidates = [(name, c) for name, c in candidates if c.metadata.get("run_id") == run_id]
-        if candidates:
-            name, best = max(candidates, key=lambda item: item[1].round)
-            averaging.load_checkpoint(best)
-            logger.info("warm start: no peer answered; resumed from %s at round %d", name, averaging.round)
-        else:
-            logger.info("no peer and no checkpoint has state yet: starting from the run's initial weights")
-
     def _train(self, task, model, optimizer, cfg: RunConfig, device, train_bytes: int) -> None:
         """Train on the coordinator's work units until told to stop; ``train_bytes``: the training split's size."""
         opt_cfg = cfg.optimizer
@@ -240,33 +184,11 @@ class Node:
         averaging = self.averaging
         logger.info("%s", lower_thread_priority(TRAINING_NICE))  # every thread the node needs runs already
 
-        cache: dict = {}
-
-        split = (0, int(train_bytes))
-
-        def unit_data(unit: pb.WorkUnit, patience: float = 600.0):
-            """The unit's training data: the bytes of its streams (spread over the training split), fetched once and
-            kept while it is the node's unit (a unit is small: coordinator.unit_bytes), so that training it again
-            while the coordinator is away needs nothing from the coordinator. World models collect their own data:
-            no read. Raises CoordinatorUnavailable when the coordinator does not answer within ``patience`` seconds
-            (the unit kept before stays)."""
-            if task.needs_corpus and cache.get("key") != (unit.start, unit.end):
-                pieces = [(s, self.client.read("train", s, e - s, stop=self.stop, give_up_after=patience))
-                          for s, e in task.unit_ranges(unit.start, unit.end, split)]
-                cache.update(key=(unit.start, unit.end), pieces=pieces)
-
-            def read(offset: int, length: int) -> bytes:
-                for start, data in cache["pieces"]:  # the batches never read across two streams
-                    if start <= offset < start + len(data):
-                        return data[offset - start: offset - start + length]
-                return b""
-
-            return task.train_data(read, unit.start, unit.end, unit.seed, split=split)
-
+        reader = UnitReader(task, self.client, self.stop, train_bytes)
         unit = self._next_unit()
         if unit is None:
             return  # stopped while waiting, or the coordinator went away before handing out any unit
-        batches, unit_samples = unit_data(unit), 0
+        batches, unit_samples = reader.batches(unit), 0
         waiting: Optional[pb.WorkUnit] = None  # a unit granted whose bytes did not come yet: tried again next
         self.metrics.epoch = unit.epoch
         state = None
@@ -288,13 +210,13 @@ class Node:
                     break
                 if following is not None:
                     try:  # granted just before the coordinator went away, its bytes may not come yet
-                        batches = unit_data(following, 1.0 if self.work.away_since else self.work.ask_timeout)
+                        batches = reader.batches(following, 1.0 if self.work.away_since else self.work.ask_timeout)
                     except CoordinatorUnavailable:
                         waiting, following = following, None
                 if following is None:
                     logger.warning("no new work unit from the coordinator; training unit %d/%d again meanwhile",
                                    unit.epoch, unit.index)
-                    batches = unit_data(unit)  # kept: nothing to read
+                    batches = reader.batches(unit)  # kept: nothing to read
                 unit, unit_samples, state = following or unit, 0, None
                 self.metrics.epoch = unit.epoch
             if idle is not None and time.monotonic() - last_idle_check >= 5.0:
@@ -392,20 +314,6 @@ class Node:
                 decision = idle.check()
         self.paused = False
         logger.info("%s", decision.reason)
-
-    def _save_last(self, cfg: RunConfig) -> None:
-        """Keep the node's copy of the shared model (``STATE_DIR/last.safetensors``) for a later resume."""
-        if not self.options.state_dir:
-            return
-        a = self.averaging
-        metadata, tensors = a.get_state()
-        names = a.param_names
-        s = a.stats.snapshot()
-        save_checkpoint(self.options.state_dir / "last.safetensors", named_state(names, tensors),
-                        dict(metadata, config_toml=cfg.to_toml(), rounds=list(s.history), time=time.time(),
-                             states_averaged=s.states_averaged, resyncs=s.resyncs, groups_kept=s.groups_kept,
-                             board_reads=s.board_reads, board_reads_skipped=s.board_reads_skipped,
-                             rounds_hosted=s.rounds_hosted))
 
     def _status(self) -> dict:
         return status_figures(self.node_metrics(), self.metrics, self.averaging)

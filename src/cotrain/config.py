@@ -7,20 +7,15 @@ default (``cotrain demo`` needs no file); an unknown or out-of-range field is a 
 
 from __future__ import annotations
 
-import math
-import tomllib
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cotrain.config_file import ConfigError, ConfigFile  # noqa: F401 (ConfigError is re-exported from here)
 
 
 #: byzantine behaviours a node can be started with, for benches and tests (cotrain.averaging.attacks)
 ATTACKS = ("scale", "sign_flip", "random")
-
-
-class ConfigError(ValueError):
-    """A run config that cannot be used; the message names each bad field."""
 
 
 class _Section(BaseModel):
@@ -413,7 +408,7 @@ class WarmStartConfig(_Section):
     perturb: float = Field(0.01, ge=0.0, le=10.0)
 
 
-class RunConfig(_Section):
+class RunConfig(ConfigFile, _Section):
     run: RunSection = RunSection()
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -445,87 +440,3 @@ class RunConfig(_Section):
             raise ValueError(f"averaging.aggregation: the sparse codec averages with \"mean\" or \"clipped_mean\" "
                              f"(each position over the peers that sent it), not {self.averaging.aggregation!r}")
         return self
-
-    # ---- loading and dumping -------------------------------------------------------------------------------------
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], origin: str = "run config") -> "RunConfig":
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            raise ConfigError(_format_errors(e, origin)) from None
-
-    @classmethod
-    def from_toml(cls, text: str, origin: str = "run config") -> "RunConfig":
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{origin}: not valid TOML: {e}") from None
-        return cls.from_dict(data, origin)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "RunConfig":
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"cannot read run config {path}: {e.strerror or e}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"run config {path} is not UTF-8 text") from None
-        return cls.from_toml(text, origin=str(path))
-
-    def to_toml(self) -> str:
-        lines: list[str] = []
-        top = self.model_dump(mode="python")
-        for key, value in top.items():
-            if not isinstance(value, dict):
-                lines.append(f"{key} = {_toml_value(value)}")
-        for section, values in top.items():
-            if isinstance(values, dict):
-                lines.append(f"\n[{section}]")
-                lines.extend(f"{k} = {_toml_value(v)}" for k, v in values.items())
-        return "\n".join(lines).lstrip("\n") + "\n"
-
-    def with_overrides(self, **sections: dict[str, Any]) -> "RunConfig":
-        """A copy with some fields replaced, validated again: ``cfg.with_overrides(data={"source": path})``."""
-        data = self.model_dump(mode="python")
-        for section, values in sections.items():
-            if isinstance(values, dict):
-                data.setdefault(section, {}).update(values)
-            else:
-                data[section] = values
-        return RunConfig.from_dict(data)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-        return f'"{escaped}"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
-
-
-def _format_errors(error: ValidationError, origin: str) -> str:
-    problems = []
-    for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        message = item["msg"]
-        if item["type"] == "extra_forbidden":
-            message = "unknown field"
-        elif item["type"] == "value_error" and not item["loc"]:
-            problems.append(str(item.get("ctx", {}).get("error", message)))  # names its fields itself
-            continue
-        elif "input" in item and not isinstance(item["input"], dict):
-            message = f"{message} (got {item['input']!r})"
-        problems.append(f"{field}: {message}")
-    return f"{origin}: " + "; ".join(problems)

@@ -33,7 +33,7 @@ def warm_start(averaging: RoundAverager, client: CoordinatorClient, run_id: str,
     the newer of the coordinator's checkpoint and ``state_dir``'s last state among those of run ``run_id``; neither:
     the run's initial weights stay. A checkpoint that cannot be read is logged and passed over."""
     with download_progress("state from peers") as progress:
-        if averaging.load_state_from_peers(timeout=download_timeout, on_progress=progress):
+        if averaging.state.download(timeout=download_timeout, on_progress=progress):
             logger.info("warm start: downloaded the swarm's state at round %d from a peer", averaging.round)
             return
     candidates = []
@@ -53,7 +53,7 @@ def warm_start(averaging: RoundAverager, client: CoordinatorClient, run_id: str,
     candidates = [(name, c) for name, c in candidates if c.metadata.get("run_id") == run_id]
     if candidates:
         name, best = max(candidates, key=lambda item: item[1].round)
-        averaging.load_checkpoint(best)
+        averaging.state.take_checkpoint(best)
         logger.info("warm start: no peer answered; resumed from %s at round %d", name, averaging.round)
     else:
         logger.info("no peer and no checkpoint has state yet: starting from the run's initial weights")
@@ -64,7 +64,7 @@ def save_last(averaging: RoundAverager, state_dir: Optional[Path], cfg: RunConfi
     (no ``state_dir``: nothing)."""
     if not state_dir:
         return
-    metadata, tensors = averaging.get_state()
+    metadata, tensors = averaging.state.snapshot()
     names = averaging.param_names
     s = averaging.stats.snapshot()
     save_checkpoint(state_dir / LAST_STATE, named_state(names, tensors),

@@ -232,12 +232,13 @@ class Node:
             compute_started = time.monotonic()
             # the run's schedule at the swarm's progress, not this node's steps: every member of the round takes
             # the same lr at the same local step, however fast it runs and whenever it joined (RoundClock)
-            at = averaging.clock.samples_at(averaging.steps_in_round)
+            position = averaging.at  # this thread is the only one that moves it
+            at = position.clock.samples_at(position.steps)
             lr = opt_cfg.lr * lr_factor(schedule, at)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             if record is not None:
-                record.step(averaging.round, averaging.steps_in_round, at, lr)
+                record.step(position.round, position.steps, at, lr)
             loss, state, samples = task.step(model, batch, state, device)
             optimizer.zero_grad(set_to_none=True)
             value = loss.item()

@@ -32,7 +32,7 @@ class StepRecord:
             self._round = averaging.round
         if averaging.round != self._round:
             self._round = averaging.round
-            self._write(dict(round=averaging.round, state=averaging.state_hash, outer_lr=averaging.outer_lr(),
+            self._write(dict(round=averaging.round, state=averaging.state.hash, outer_lr=averaging.outer_lr(),
                              samples_total=averaging.tally.samples_total, contributed=averaging.tally.contributed,
                              resyncs=averaging.stats.resyncs, time=time.time()))
 

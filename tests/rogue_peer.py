@@ -156,7 +156,7 @@ def main() -> None:
                 for p in model.parameters():
                     p.add_(torch.randn_like(p))  # a large contribution, then scaled x10 by the attack
             strategy.round = max(p.round for p in members)
-            strategy.steps_in_round = strategy.samples_in_round = cfg.averaging.inner_steps
+            strategy.at.steps = strategy.at.samples = cfg.averaging.inner_steps
             strategy._average_with_group(strategy.strategy.contribution(), seen=len(members) + 1)
         result["refusals"] = exchange.refusals_received
         if result["first_refusal"] is None and exchange.refusals_received:

@@ -86,7 +86,7 @@ def swarm():
 
 
 def same_state(peers) -> bool:
-    return len({p.averaging.state_hash for p in peers}) == 1
+    return len({p.averaging.state.hash for p in peers}) == 1
 
 
 @pytest.mark.parametrize("strategy, overlap, compression", [
@@ -120,7 +120,7 @@ def test_a_peer_that_joins_late_downloads_the_state_and_averages(swarm):
     memory.freeze(late.peer_id)
     train(peers[:2], lambda p: p.averaging.round >= 3)
     memory.thaw(late.peer_id)
-    assert late.averaging.load_state_from_peers(timeout=5.0)
+    assert late.averaging.state.download(timeout=5.0)
     assert late.averaging.round >= 3
     # everyone trains on until the late peer averaged with the others (it goes on from the state it took)
     train(peers, lambda p: late.averaging.stats.rounds_completed >= 1)

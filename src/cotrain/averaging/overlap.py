@@ -23,11 +23,16 @@ next round sends everything since the last applied one, as without overlap.
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
+
+from cotrain.averaging.outcome import Kind, RoundResult
+
+logger = logging.getLogger("cotrain.averaging.rounds")  # the round's own log
 
 
 @dataclass
@@ -45,6 +50,15 @@ class PendingRound:
     claimed: int = 0  # the samples this peer says it trained on (``samples``; a liar of a bench says more)
     held: Any = None  # what the strategy set aside (sync: its accumulated gradients; DiLoCo: its eager guess)
     future: Optional[Future] = field(default=None, repr=False)
+
+    def result(self) -> RoundResult:
+        """The round's result, once its thread is done (waits for it); a bug in that thread is a failed round,
+        logged with its traceback: the node goes on."""
+        try:
+            return self.future.result()
+        except Exception as e:  # noqa: BLE001 - see above
+            logger.error("round %d: the averaging thread failed", self.round, exc_info=e)
+            return RoundResult(Kind.FAILED, f"the averaging thread failed ({e!r})")
 
     def give_back(self, steps: int, samples: int, reached_h_at: Optional[float]) -> tuple[int, int, Optional[float]]:
         """The counters of a node whose round did not happen, given its counters since the round's end: the round

@@ -57,9 +57,11 @@ class RoundStats:
             if peer in self.flagged or len(self.flagged) < FLAGGED_PEERS:
                 self.flagged[peer] = why
 
-    def applied(self, round_number: int, group_size: int) -> None:
-        """A round applied, with a group of ``group_size`` (1: alone)."""
+    def applied(self, round_number: int, group_size: int, states_averaged: bool = False) -> None:
+        """A round applied, with a group of ``group_size`` (1: alone); ``states_averaged``: the group's average of
+        its members' states came with it."""
         with self._lock:
+            self.states_averaged += int(states_averaged)
             self.last_group_size = group_size
             self.history.append((round_number, group_size))
 

@@ -15,6 +15,9 @@ import threading
 from typing import Iterable, Mapping
 
 from cotrain.averaging.ledger import SPEEDUP_BOUND, Ledger
+from cotrain.averaging.outcome import Kind, RoundResult
+from cotrain.averaging.overlap import PendingRound
+from cotrain.optim.schedule import RoundClock
 
 logger = logging.getLogger(__name__)
 
@@ -23,10 +26,12 @@ MAX_CUT_PEERS = 4096
 
 
 class Tally:
-    """``round_cap``: the most samples a peer could add in a round (the run's batch x H x the speedup bound)."""
+    """``round_cap``: the most samples a peer could add in a round (the run's batch x H x the speedup bound);
+    ``inner_steps`` and ``step_samples`` (the run's H and batch): the pace of a round's steps before any round set
+    one (:meth:`round_clock`)."""
 
-    def __init__(self, peer_id: str, round_cap: int):
-        self.peer_id = peer_id
+    def __init__(self, peer_id: str, round_cap: int, inner_steps: int = 1, step_samples: int = 0):
+        self.peer_id, self.inner_steps, self.step_samples = peer_id, inner_steps, step_samples
         #: the swarm's samples as of the last round this peer applied (or the state it took): the shared state's
         #: count, the same on every member of a group. A round's own samples join it when the round is applied
         self.samples_total = 0
@@ -41,7 +46,12 @@ class Tally:
 
     @classmethod
     def for_run(cls, peer_id: str, inner_steps: int, step_samples: int) -> "Tally":
-        return cls(peer_id, inner_steps * max(1, step_samples) * SPEEDUP_BOUND)
+        return cls(peer_id, inner_steps * max(1, step_samples) * SPEEDUP_BOUND, inner_steps, step_samples)
+
+    def round_clock(self) -> RoundClock:
+        """Where the next round's local steps stand on the run's schedule: from the shared state's count, at the
+        last round's pace (the same on every member of a group)."""
+        return RoundClock(self.samples_total, self.round_samples, self.inner_steps, self.step_samples)
 
     def swarm_view(self) -> int:
         """The swarm's samples as this peer knows them: the shared state's count, or every peer's contributed count
@@ -77,6 +87,17 @@ class Tally:
         with self._lock:
             self.contributed += samples
             self.ledger.own(self.peer_id, next_round, self.contributed)
+
+    def credit_round(self, result: RoundResult, launch: PendingRound, next_round: int) -> None:
+        """A round whose average holds this peer's samples, applied or to be downloaded (``result.kind`` APPLY or
+        RESYNC): its own samples as the group credited them, and its groupmates' counts as the round said them. For
+        RESYNC the swarm's count moves now (the state it downloads next brings the count; should that fail, this
+        peer still knows it)."""
+        credited = dict(result.contributed).get(self.peer_id, launch.contributed + launch.samples)
+        self.count_own(credited - launch.contributed, next_round)
+        self.observe((peer, launch.round + 1, count) for peer, count in result.contributed if peer != self.peer_id)
+        if result.kind is Kind.RESYNC:
+            self.advance(result.swarm, result.samples)
 
     def advance(self, swarm: int, added: int) -> None:
         """A round applied: the swarm's count is the group's agreed ``swarm`` before it plus its ``added`` samples."""

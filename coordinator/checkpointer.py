@@ -26,8 +26,8 @@ from cotrain.memory import release_freed_memory
 from cotrain.optim.schedule import Schedule, lr_factor
 from cotrain.outage import Outage
 from cotrain.coordinator.evaluator import Evaluator
-from cotrain.coordinator.service import SwarmSummary
 from cotrain.coordinator.store import Store
+from cotrain.coordinator.swarm_health import SwarmSummary
 
 logger = logging.getLogger(__name__)
 

@@ -1,19 +1,20 @@
 """The gRPC ``Coordinator`` service: admission, heartbeats, work units, data, health.
 
 Runs on one asyncio loop; the in-memory view of the nodes is mirrored to the SQLite :class:`Store` before any answer
-leaves, so a restarted coordinator knows every member it had acknowledged.
+leaves, so a restarted coordinator knows every member it had acknowledged. The service checks each request and
+answers with its status codes; the jobs behind it are parts of their own: the work units
+(:class:`~cotrain.coordinator.unit_pool.UnitPool`), a node's metrics (:mod:`node_metrics`), the checkpoint a node
+downloads (:mod:`checkpoint_serving`) and the health view (:mod:`swarm_health`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Optional
 
 import grpc
@@ -24,22 +25,19 @@ from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
 
 from cotrain.coordinator.admission import Issuer, needs_renewal, nodes_to_revoke
-from cotrain.coordinator.membership import NodeView, active_nodes, node_state, nodes_to_forget, swarm_alerts
+from cotrain.coordinator.checkpoint_serving import checkpoint_chunks, newest_intact
+from cotrain.coordinator.membership import NodeView, active_nodes, nodes_to_forget
+from cotrain.coordinator.node_metrics import InvalidMetrics, metrics_dict
 from cotrain.coordinator.reachability import InvalidPeer, Prober, parse_peer, reachability_decision
-from cotrain.coordinator.workunits import (SchedulingRules, Unit, complete_unit, current_epoch, finished_epochs,
-                                           held_by, issue_unit, reclaim_units, unit_counts)
 from cotrain.coordinator.ratelimit import RateLimiter, peer_address
 from cotrain.coordinator.store import NodeRecord, PeerRecord, Store, hash_secret
+from cotrain.coordinator.swarm_health import SwarmSummary, swarm_health
+from cotrain.coordinator.unit_pool import UnitPool
 
 logger = logging.getLogger(__name__)
 
 MAX_NAME_LEN = 64
-CHECKPOINT_CHUNK = 1 << 20
 MAX_TOKEN_LEN = 256
-METRIC_FIELDS = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch",
-                 "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s", "state_bytes_sent",
-                 "state_bytes_received", "peer_id", "units_done", "refused", "groups_from_board", "groups_matchmade",
-                 "meet_s", "allreduce_s", "memory_bytes", "processes", "heartbeat_ms", "lr")
 #: a member's progress-record key (hivemind's RSA public key, DER) is about 300 bytes
 MAX_RECORD_KEY_BYTES = 2048
 #: how long a node waits before asking again when no work unit is free
@@ -67,18 +65,6 @@ class RunInfo:
     byte_counts: list = field(default_factory=list)
 
 
-@dataclass
-class SwarmSummary:
-    """What the checkpointer learned, for the health view."""
-
-    val_loss: float = math.nan
-    val_bpc: float = math.nan
-    val_round: int = 0
-    latest_checkpoint: str = ""
-    latest_checkpoint_round: int = 0
-    val_metrics: dict = field(default_factory=dict)
-
-
 class InvalidField(ValueError):
     pass
 
@@ -87,26 +73,6 @@ def _check_name(name: str) -> str:
     if not name or len(name) > MAX_NAME_LEN or not name.isprintable():
         raise InvalidField(f"node_name: must be 1..{MAX_NAME_LEN} printable characters")
     return name
-
-
-def _metrics_dict(m: pb.NodeMetrics) -> dict:
-    """The metrics as stored; a NaN loss is kept (the health view flags it), a bad rate is refused."""
-    out = {name: getattr(m, name) for name in METRIC_FIELDS}
-    if len(out["peer_id"]) > 128 or len(m.flagged_peers) > 64 or any(len(p) > 128 for p in m.flagged_peers):
-        raise InvalidField("metrics.peer_id / metrics.flagged_peers: too long")
-    if len(m.refused_peers) > 64 or any(len(p) > 128 for p in m.refused_peers):
-        raise InvalidField("metrics.refused_peers: at most 64 peer ids of at most 128 characters")
-    if len(m.last_group) > 64 or any(len(p) > 128 for p in m.last_group):
-        raise InvalidField("metrics.last_group: at most 64 peer ids of at most 128 characters")
-    out["last_group"] = list(m.last_group)
-    out["flagged_peers"] = list(m.flagged_peers)
-    out["refused_peers"] = list(m.refused_peers)
-    for name in ("samples_per_s", "meet_s", "allreduce_s", "heartbeat_ms"):
-        if not math.isfinite(out[name]) or out[name] < 0:
-            raise InvalidField(f"metrics.{name}: must be finite and >= 0, got {out[name]}")
-    if math.isinf(out["lr"]) or out["lr"] < 0:  # NaN: no step taken yet
-        raise InvalidField(f"metrics.lr: must be finite and >= 0, got {out['lr']}")
-    return out
 
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
@@ -127,10 +93,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.rates: dict[str, tuple[float, int, float]] = {}  # node -> (time, bytes_sent, bytes/s) at last heartbeat
         self.join_limiter = RateLimiter(*run.join_limit)
         self.heartbeat_limiter = RateLimiter(*run.heartbeat_limit)
-        self.units: dict[tuple[int, int], Unit] = {(r.epoch, r.index): Unit(**r._asdict()) for r in store.load_units()}
-        self.rules = SchedulingRules(run.unit_deadline_s)
-        self.units_reissued = 0
-        self.scheduling_reason = f"{len(run.unit_ranges)} work units per epoch"
+        self.units = UnitPool(store, run.unit_ranges, run.unit_deadline_s)
         self.started = clock()
 
     # ---- helpers -------------------------------------------------------------------------------------------------
@@ -140,25 +103,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                          int(n.metrics.get("partial_rounds", 0)), int(n.metrics.get("rounds_completed", 0)))
                 for n in self.nodes.values()]
 
-    def _store_units(self, changed: list[Unit]) -> None:
-        """Persist, then apply: nothing is answered before the units it changed are on disk."""
-        if changed:
-            self.store.save_units(changed)
-            self.units.update({u.key: u for u in changed})
-
     def reclaim(self) -> None:
         """Units of nodes that are gone or past their deadline go back to the pool (the server calls this every
         second; Leave and GetWork call it too, so a leaver's units and a lost node's are free at once)."""
         now = self.clock()
         active = {n.node_id for n in active_nodes(now, self._views(), self.run.heartbeat_interval,
                                                   self.run.lost_after_missed)}
-        reclaimed = reclaim_units(now, self.units, active)
-        if reclaimed:
-            self._store_units([u for u, _ in reclaimed])
-            self.units_reissued += len(reclaimed)
-            for _, why in reclaimed:
-                logger.info("%s", why)
-            self.scheduling_reason = reclaimed[-1][1]
+        for why in self.units.reclaim(now, active):
+            logger.info("%s", why)
 
     def forget_departed(self) -> None:
         """Drop what the service holds for nodes that left or went silent more than ``forget_after_s`` ago (the
@@ -221,11 +173,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                                     f"has {len(online)}; stop one of them first")
         if previous is not None and previous.token_name == record.name:
             node = previous
-            node.session_hash, node.last_seen, node.left, node.capabilities = hash_secret(session), now, False, capabilities
-            node.name = name
+            node.session_hash, node.last_seen, node.left = hash_secret(session), now, False
+            node.capabilities, node.name = capabilities, name
             logger.info("node %s (%s) rejoined", name, node.node_id[:8])
         else:
-            node = NodeRecord(uuid.uuid4().hex, name, record.name, hash_secret(session), now, now, False, capabilities, {})
+            node = NodeRecord(uuid.uuid4().hex, name, record.name, hash_secret(session), now, now, False,
+                              capabilities, {})
             logger.info("node %s (%s) joined with token %r", name, node.node_id[:8], record.name)
         self.nodes[node.node_id] = node
         self.store.save_node(node)
@@ -288,8 +241,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     async def _heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
         node = await self._session(request.node_id, request.session, context)
         try:
-            metrics = _metrics_dict(request.metrics)
-        except InvalidField as e:
+            metrics = metrics_dict(request.metrics)
+        except InvalidMetrics as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         now = self.clock()
         previous = self.rates.get(node.node_id)
@@ -318,8 +271,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         node = await self._session(request.node_id, request.session, context)
         if request.HasField("metrics"):
             try:
-                node.metrics = _metrics_dict(request.metrics)
-            except InvalidField as e:
+                node.metrics = metrics_dict(request.metrics)
+            except InvalidMetrics as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         node.left, node.last_seen = True, self.clock()
         self.store.save_node(node)
@@ -333,10 +286,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this node left the swarm; join again")
         node.last_seen = self.clock()  # asking for work is a sign of life
         self.reclaim()
-        changed, unit, reason = issue_unit(self.clock(), self.units, self.run.unit_ranges, node.node_id, self.rules)
-        self._store_units(changed)
+        unit, reason = self.units.issue(self.clock(), node.node_id)
         if unit is None:
-            self.scheduling_reason = reason
             return pb.GetWorkResponse(reason=reason, retry_after_s=min(RETRY_WORK_S, self.run.heartbeat_interval))
         logger.info("node %s: %s", node.name, reason)
         return pb.GetWorkResponse(unit=pb.WorkUnit(epoch=unit.epoch, index=unit.index, start=unit.start, end=unit.end,
@@ -347,51 +298,37 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         node = await self._session(request.node_id, request.session, context)
         if request.index >= max(1, len(self.run.unit_ranges)):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"index: {request.index} is not a work unit of this run (0..{len(self.run.unit_ranges) - 1})")
-        done, accepted, reason = complete_unit(self.clock(), self.units, node.node_id, (request.epoch, request.index))
-        if done is not None:
-            self._store_units([done])
-            old = finished_epochs(self.units)
-            if old:
-                self.store.forget_epochs(old)
-                for key in [k for k in self.units if k[0] in old]:
-                    del self.units[key]
+                                f"index: {request.index} is not a work unit of this run "
+                                f"(0..{len(self.run.unit_ranges) - 1})")
+        accepted, reason = self.units.complete(self.clock(), node.node_id, (request.epoch, request.index))
         logger.info("node %s: %s", node.name, reason)
         return pb.ReportWorkResponse(accepted=accepted, reason=reason)
 
     async def ReadData(self, request: pb.ReadDataRequest, context) -> pb.DataChunk:
         await self._session(request.node_id, request.session, context)
         if self.run.corpus is None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this run has no corpus: its nodes make their data")
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "this run has no corpus: its nodes make their data")
         if request.split not in ("train", "val"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"split: must be 'train' or 'val', got {request.split!r}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"split: must be 'train' or 'val', got {request.split!r}")
         if request.length == 0 or request.length > MAX_READ_BYTES:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"length: must be in 1..{MAX_READ_BYTES}")
         split = self.run.corpus.split(request.split)
         if not split.start <= request.offset < split.end:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE,
-                                f"offset: {request.offset} is outside the {request.split} split [{split.start}, {split.end})")
+                                f"offset: {request.offset} is outside the {request.split} split "
+                                f"[{split.start}, {split.end})")
         length = min(request.length, split.end - request.offset)
         return pb.DataChunk(data=self.run.corpus.read(request.offset, length), offset=request.offset)
 
     async def GetCheckpoint(self, request: pb.GetCheckpointRequest, context):
         await self._session(request.node_id, request.session, context)
-        for checkpoint in self.store.checkpoints():
-            try:
-                data = Path(checkpoint.path).read_bytes()
-            except OSError as e:
-                logger.warning("checkpoint %s cannot be read (%s); offering the previous one", checkpoint.path, e)
-                continue
-            if hashlib.sha256(data).hexdigest() != checkpoint.sha256:
-                logger.warning("checkpoint %s is corrupt; offering the previous one", checkpoint.path)
-                continue
-            for start in range(0, len(data), CHECKPOINT_CHUNK):
-                first = start == 0
-                yield pb.CheckpointChunk(data=data[start: start + CHECKPOINT_CHUNK], total=len(data) if first else 0,
-                                         round=checkpoint.round if first else 0,
-                                         sha256=checkpoint.sha256 if first else "")
-            return
-        await context.abort(grpc.StatusCode.NOT_FOUND, "this coordinator has no checkpoint yet")
+        found = newest_intact(self.store.checkpoints())
+        if found is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "this coordinator has no checkpoint yet")
+        for chunk in checkpoint_chunks(*found):
+            yield chunk
 
     async def GetSwarmHealth(self, request: pb.GetSwarmHealthRequest, context) -> pb.SwarmHealth:
         return self.health()
@@ -399,67 +336,6 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def health(self) -> pb.SwarmHealth:
         """The swarm as it stands; reads only (lost nodes' units go back to the pool on :meth:`reclaim`)."""
         now = self.clock()
-        views = self._views()
-        rows, states = [], []
-        by_peer = self._names_by_peer()
-        totals = pb.SwarmTotals(val_loss=self.summary.val_loss, val_bpc=self.summary.val_bpc,
-                                val_round=self.summary.val_round, latest_checkpoint=self.summary.latest_checkpoint,
-                                latest_checkpoint_round=self.summary.latest_checkpoint_round,
-                                val_metrics={k: float(v) for k, v in self.summary.val_metrics.items()},
-                                units_reissued=self.units_reissued, scheduling_reason=self.scheduling_reason)
-        epoch = current_epoch(self.units)
-        counts = unit_counts(self.units, epoch)
-        if counts["total"] == 0:  # not opened yet: every unit is pending
-            counts.update(total=len(self.run.unit_ranges), pending=len(self.run.unit_ranges))
-        totals.epoch, totals.units_total, totals.units_pending = epoch, counts["total"], counts["pending"]
-        totals.units_in_progress, totals.units_done = counts["in_progress"], counts["done"]
-        for view, node in zip(views, self.nodes.values()):
-            state, reason = node_state(now, view, views, self.run.heartbeat_interval, self.run.lost_after_missed)
-            states.append((view, state, reason))
-            m = pb.NodeMetrics(**{k: v for k, v in node.metrics.items() if k in METRIC_FIELDS},
-                               flagged_peers=node.metrics.get("flagged_peers", []),
-                               refused_peers=node.metrics.get("refused_peers", []),
-                               last_group=node.metrics.get("last_group", []))
-            rows.append(pb.NodeHealth(node_id=node.node_id, node_name=node.name, state=state, metrics=m,
-                                      last_seen_unix=node.last_seen, joined_unix=node.joined, reason=reason,
-                                      bytes_per_s=self.rates.get(node.node_id, (0, 0, 0.0))[2]
-                                      if state in ("healthy", "straggler") else 0.0,
-                                      units=[u.name for u in held_by(self.units, node.node_id)],
-                                      reachability=self.peers[node.node_id].reachability
-                                      if node.node_id in self.peers else "",
-                                      groupmates=[by_peer.get(p, f"peer ...{p[-8:]}") for p in m.last_group]))
-            if state in ("healthy", "straggler"):
-                totals.nodes_online += 1
-                totals.samples_per_s += m.samples_per_s
-            totals.global_round = max(totals.global_round, m.round)
-            totals.samples_total = max(totals.samples_total, m.samples_total)
-            totals.bytes_sent += m.bytes_sent
-            totals.bytes_received += m.bytes_received
-        alerts = swarm_alerts(states) + self._flag_alerts() + self._refusal_alerts()
-        return pb.SwarmHealth(run_id=self.run.run_id, nodes=rows, totals=totals, alerts=alerts, now_unix=now)
-
-    def _names_by_peer(self) -> dict[str, str]:
-        """Node names by the peer id each last reported."""
-        return {n.metrics.get("peer_id"): n.name for n in self.nodes.values() if n.metrics.get("peer_id")}
-
-    def _flag_alerts(self) -> list[str]:
-        """Nodes whose contributions their peers dropped (non-finite or malformed updates)."""
-        by_peer = self._names_by_peer()
-        flagged: dict[str, int] = {}
-        for node in self.nodes.values():
-            for peer in node.metrics.get("flagged_peers", []):
-                flagged[peer] = flagged.get(peer, 0) + 1
-        return [f"{by_peer.get(peer, 'peer ' + peer[-8:])}: sent non-finite or malformed updates; dropped by "
-                f"{count} peer(s)" for peer, count in sorted(flagged.items())]
-
-    def _refusal_alerts(self) -> list[str]:
-        """Peers that members refused on the data plane (no valid credential: strangers, revoked or expired)."""
-        by_peer = {p.peer_id: self.nodes[n].name for n, p in self.peers.items() if n in self.nodes}
-        refused: dict[str, int] = {}
-        for node in self.nodes.values():
-            if node.left:
-                continue
-            for peer in node.metrics.get("refused_peers", []):
-                refused[peer] = refused.get(peer, 0) + 1
-        return [f"{by_peer[peer] + ' (revoked or expired)' if peer in by_peer else 'unknown peer ...' + peer[-8:]}: "
-                f"refused on the data plane by {count} member(s)" for peer, count in sorted(refused.items())]
+        return swarm_health(now, run_id=self.run.run_id, heartbeat_interval=self.run.heartbeat_interval,
+                            lost_after_missed=self.run.lost_after_missed, summary=self.summary, nodes=self.nodes,
+                            views=self._views(), peers=self.peers, rates=self.rates, units=self.units)

@@ -1,6 +1,7 @@
 """The exchange between two real peers (hivemind DHTs and libp2p daemons on 127.0.0.1, in one process): small pieces
 go as one request and one answer, large ones and states as streams, and both ways refuse a requester that is not a
-member."""
+member. Two peers of one process and no coordinator: part of the edit loop (``make test-fast``), which covers the
+exchange's both sides with them."""
 
 import threading
 import time
@@ -11,7 +12,6 @@ from cotrain.averaging import Admission, Exchange, start_dht
 from cotrain.averaging.admission import new_private_key
 from cotrain.averaging.exchange import UNARY_MAX_BYTES
 
-pytestmark = pytest.mark.swarm
 
 
 @pytest.fixture(scope="module")

@@ -32,28 +32,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (bench_parser, cosine_schedule, default_text, lstm_config, print_table, run_swarm,  # noqa: E402
-                    write_json)
+from common import bench_parser, default_text, diloco_config, print_table, run_swarm, write_json  # noqa: E402
 
 from cotrain.averaging.admission import (  # noqa: E402
     CREDENTIAL_DOMAIN, Admission, issue_credential, new_private_key)
-from cotrain.config import RunConfig  # noqa: E402
 from cotrain.v1 import swarm_pb2 as pb  # noqa: E402
 
 
-def make_config(args, auth: bool) -> RunConfig:
-    steps, batch = args.rounds * args.H, 16
-    return lstm_config(
-        "admission", args.data, args.hidden, batch_size=batch,
-        optimizer={"lr": 3e-3, "min_lr": 3e-4, "grad_clip": 1.0},
-        schedule=cosine_schedule(steps * batch * args.nodes),  # over the swarm's samples: `steps` of every node
-        averaging={"strategy": "diloco", "inner_steps": args.H, "matchmaking_time": 2.0, "request_timeout": 1.5,
-                   "progress_interval": 0.5, "target_group_size": args.nodes, "round_wait": 30.0},
-        coordinator={"data_plane_auth": auth})
-
-
 def one_run(args, auth: bool) -> dict:
-    run = run_swarm(make_config(args, auth), args.nodes, ["--max-rounds", str(args.rounds)], evaluate=False)
+    cfg = diloco_config("admission", args, coordinator={"data_plane_auth": auth})
+    run = run_swarm(cfg, args.nodes, ["--max-rounds", str(args.rounds)], evaluate=False)
     nodes = run.nodes
     rounds = [int(n.get("round", 0)) for n in nodes]  # the round each node reached (it leaves at --rounds)
     averaged = [int(n.get("rounds_completed", 0)) for n in nodes]  # of which it averaged with peers itself

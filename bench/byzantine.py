@@ -24,29 +24,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (bench_parser, cosine_schedule, default_text, lstm_config, print_table, run_swarm,  # noqa: E402
-                    write_json)
+from common import bench_parser, default_text, diloco_config, print_table, run_swarm, write_json  # noqa: E402
 
-from cotrain.config import ATTACKS, RunConfig  # noqa: E402
+from cotrain.config import ATTACKS  # noqa: E402
 
 METHODS = ("clipped_mean", "centered_clip", "trimmed_mean")
 
 
-def make_config(args, aggregation: str) -> RunConfig:
-    steps, batch = args.rounds * args.H, 16
-    return lstm_config(
-        "byzantine", args.data, args.hidden, batch_size=batch,
-        optimizer={"lr": 3e-3, "min_lr": 3e-4, "grad_clip": 1.0},
-        schedule=cosine_schedule(steps * batch * args.nodes),  # over the swarm's samples: `steps` of every node
-        averaging={"strategy": "diloco", "inner_steps": args.H, "aggregation": aggregation,
-                   "matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 0.5,
-                   "target_group_size": args.nodes, "round_wait": 30.0})
-
-
 def one_run(args, aggregation: str, attack: str = "") -> dict:
     per_node = {args.nodes - 1: ["--attack", attack]} if attack else None
-    run = run_swarm(make_config(args, aggregation), args.nodes, ["--max-rounds", str(args.rounds)],
-                    per_node_args=per_node)
+    cfg = diloco_config("byzantine", args, averaging={"aggregation": aggregation})
+    run = run_swarm(cfg, args.nodes, ["--max-rounds", str(args.rounds)], per_node_args=per_node)
     row = dict(attack=attack or "none", aggregation=aggregation, val_loss=run.metrics["val_loss"], wall_s=run.wall_s,
                rounds=max(int(n.get("rounds_completed", 0)) for n in run.nodes))
     print(f"  attack {row['attack']:9} {aggregation:13} val_loss {row['val_loss']:.4f} "

@@ -18,8 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (Swarm, bench_parser, cosine_schedule, default_text, evaluate_state,  # noqa: E402
-                    final_checkpoint, lstm_config, print_table, stop_all, work_folder, write_json)
+from common import (BENCH_OPTIMIZER, LOCAL_TIMINGS, Swarm, bench_parser, cosine_schedule,  # noqa: E402
+                    default_text, evaluate_state, final_checkpoint, lstm_config, print_table, stop_all, work_folder,
+                    write_json)
 
 from cotrain.config import RunConfig  # noqa: E402
 
@@ -28,10 +29,10 @@ def make_config(args) -> RunConfig:
     batch = 16
     return lstm_config(
         "chaos", args.data, args.hidden, batch_size=batch,
-        optimizer={"lr": 3e-3, "min_lr": 3e-4, "grad_clip": 1.0},
+        optimizer=BENCH_OPTIMIZER,
         schedule=cosine_schedule(4000 * batch * args.nodes),  # over the swarm's samples: 4000 steps of every node
-        averaging={"strategy": "diloco", "inner_steps": args.H, "matchmaking_time": 2.0, "request_timeout": 1.5,
-                   "progress_interval": 0.5, "round_wait": 10.0, "allreduce_timeout": 20.0})
+        averaging={"strategy": "diloco", "inner_steps": args.H, **LOCAL_TIMINGS, "round_wait": 10.0,
+                   "allreduce_timeout": 20.0})
 
 
 def train(args, swarm: Swarm, names: list[str], chaos: bool) -> tuple[float, int]:

@@ -1,5 +1,6 @@
-"""What the benches share: running a real swarm (coordinator and node processes on 127.0.0.1), evaluating what it
-made, printing a table, writing ``--json``.
+"""What the benches share: running a real swarm (coordinator and node processes on 127.0.0.1: the tests' and the
+benches' :class:`~cotrain.cli.local_swarm.Swarm`), their run configs (built by
+:func:`~cotrain.cli.local_swarm.swarm_config`), evaluating what a swarm made, printing a table, writing ``--json``.
 
     cfg = lstm_config("mybench", data, hidden=128, averaging={"inner_steps": 20})
     with work_folder("cotrain-mybench-", keep=args.keep) as work, Swarm(cfg, work, nodes=3) as swarm:
@@ -27,17 +28,15 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence
 
 
 from cotrain.checkpoint import load_checkpoint
 from cotrain.config import RunConfig
 from cotrain.evaluation import evaluate_state  # noqa: F401 - the benches' evaluation, re-exported
-from cotrain.coordinator.store import Store
 from cotrain.cli.launch import (Proc, cpu_shares, start_coordinator, start_node, stop_all,  # noqa: F401 - re-exported
                                 uninterrupted, wait_for)
-from cotrain.cli.zygote import Zygote
-from cotrain.client import CoordinatorClient
+from cotrain.cli.local_swarm import Swarm, swarm_config  # noqa: F401 - re-exported
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -126,128 +125,39 @@ def stopped_on_exit(timeout: float = 30.0) -> Iterator[list]:
             stop_all(procs, timeout)
 
 
-# ---- a swarm ---------------------------------------------------------------------------------------------------------
-def create_token(state_dir: Path, name: str = "bench") -> str:
-    """A join token in the coordinator state dir ``state_dir`` (created if missing)."""
-    store = Store(state_dir)
-    try:
-        return store.create_token(name)
-    finally:
-        store.close()
-
-
-class Swarm:
-    """A coordinator and the nodes started against it, all in ``workdir``: the coordinator's state in
-    ``workdir/coordinator``, node NAME's in ``workdir/NAME`` (its log in ``node.log`` there), the run config in
-    ``workdir/run.toml`` unless ``config`` is the path of one. As a context manager it starts the coordinator, and at
-    the end of the block stops every process it started (nodes and :meth:`add`-ed ones first, then the coordinator),
-    however the block ends; a second Ctrl-C cannot cut that short.
-
-    ``listen`` is the coordinator's address, ``prefix`` a command its process runs under (``ip netns exec NAME``).
-    ``nodes``: how many nodes run at once; each node name started gets its share of this machine's CPUs
-    (:func:`cotrain.cli.launch.cpu_shares`; a restarted node its own again, names beyond ``nodes`` those of the first
-    ones), before its own flags, which win. 0: no share, every node takes the CPUs its flags say (default: all).
-    ``zygote``: fork the nodes from one :class:`~cotrain.cli.zygote.Zygote` (they share one copy of torch and
-    hivemind: what a node adds to the machine, not a whole Python each)."""
-
-    def __init__(self, config: Union[RunConfig, Path], workdir: Path, listen: str = "127.0.0.1:0",
-                 prefix: Sequence[str] = (), token_name: str = "bench", nodes: int = 0, zygote: bool = False):
-        self.config, self.workdir, self.listen, self.prefix = config, Path(workdir), listen, list(prefix)
-        self._shares = cpu_shares(nodes)
-        self._share_of: dict[str, list[str]] = {}
-        self.token_name = token_name
-        self.state_dir = self.workdir / "coordinator"
-        self.coordinator: Optional[Proc] = None
-        self.address = self.token = ""
-        self.nodes: list[Proc] = []  # every node process started, in order (a restarted node twice)
-        self._others: list = []
-        self._client: Optional[CoordinatorClient] = None
-        self._use_zygote = zygote
-        self.zygote: Optional[Zygote] = None
-
-    def __enter__(self) -> "Swarm":
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        if isinstance(self.config, RunConfig):
-            path = self.workdir / "run.toml"
-            path.write_text(self.config.to_toml())
-        else:
-            path = Path(self.config)
-        self.token = create_token(self.state_dir, self.token_name)
-        self.coordinator, self.address = start_coordinator(self.state_dir, path, listen=self.listen,
-                                                           prefix=self.prefix)
-        if self._use_zygote:
-            try:
-                self.zygote = Zygote(self.workdir / "zygote.log")
-            except BaseException:
-                self.close()
-                raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def start_node(self, name: str, extra: Sequence[str] = (), prefix: Sequence[str] = ()) -> Proc:
-        """``cotrain node join`` with its CPU share (see ``nodes``) and ``extra`` flags, state dir ``workdir/NAME``
-        (the same name again is the same node restarting), under the command ``prefix``."""
-        if name not in self._share_of:
-            self._share_of[name] = self._shares[len(self._share_of) % len(self._shares)] if self._shares else []
-        proc = start_node(self.address, self.token, name, self.workdir / name, extra=[*self._share_of[name], *extra],
-                          prefix=prefix, zygote=self.zygote)
-        self.nodes.append(proc)
-        return proc
-
-    def add(self, proc):
-        """Another process (a status watcher) to stop with the nodes; returns it."""
-        self._others.append(proc)
-        return proc
-
-    @property
-    def client(self) -> CoordinatorClient:
-        if self._client is None:
-            self._client = CoordinatorClient(self.address, insecure=True)
-        return self._client
-
-    def health(self):
-        """The coordinator's health view (``SwarmHealth``: totals, a row per node with its last metrics)."""
-        return self.client.health()
-
-    def node_rows(self) -> list[dict]:
-        """The last metrics each node reported (its heartbeat ``NodeMetrics``), with ``name``."""
-        from cotrain.status import message_to_dict
-
-        return [dict(message_to_dict(n.metrics), name=n.node_name) for n in self.health().nodes]
-
-    def stop_nodes(self, timeout: float = 30.0) -> list[Optional[int]]:
-        """Stop every node (see :func:`stop_all`); their exit codes, in the order they were started."""
-        return stop_all(self.nodes, timeout)
-
-    def close(self) -> None:
-        with uninterrupted():
-            if self._client is not None:
-                self._client.close()
-                self._client = None
-            stop_all(self.nodes + self._others, 30.0)
-            if self.zygote is not None:
-                self.zygote.close()
-                self.zygote = None
-            if self.coordinator is not None:
-                self.coordinator.stop(30)
-
-
 def lstm_config(name: str, data: str, hidden: int, *, embed_dim: int = 32, layers: int = 1, seq_len: int = 64,
                 batch_size: int = 16, **sections: dict) -> RunConfig:
     """The benches' run: a byte-level LSTM (``layers`` x ``hidden``, no dropout) on the text ``data``, seed 0, on the
     CPU, checkpoints only at the end (``checkpoint_interval_s`` 3600); ``sections`` are the other sections of the
     run config as dicts (``optimizer=``, ``averaging=``, ``compression=``, ``coordinator=`` adding to the default
-    above)."""
-    sections["coordinator"] = {"checkpoint_interval_s": 3600.0, **sections.get("coordinator", {})}
-    return RunConfig.from_dict(dict(
+    above), merged as :func:`~cotrain.cli.local_swarm.swarm_config` merges them."""
+    return swarm_config(dict(
         run={"name": name, "seed": 0},
         model={"kind": "lstm", "embed_dim": embed_dim, "hidden_size": hidden, "num_layers": layers, "dropout": 0.0},
         data={"source": data, "seq_len": seq_len, "batch_size": batch_size},
+        coordinator={"checkpoint_interval_s": 3600.0},
         device="cpu",
-        **sections,
-    ))
+    ), sections)
+
+
+#: the benches' optimizer: lr 3e-3, down to 3e-4 where the schedule decays it (:func:`cosine_schedule`), gradients
+#: clipped to norm 1
+BENCH_OPTIMIZER = {"lr": 3e-3, "min_lr": 3e-4, "grad_clip": 1.0}
+
+#: the averaging timings of a small swarm on this machine: matchmaking 2 s, requests 1.5 s, progress every 0.5 s
+LOCAL_TIMINGS = {"matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 0.5}
+
+
+def diloco_config(name: str, args, **sections: dict) -> RunConfig:
+    """The run of the benches of an ``args.nodes``-node DiLoCo swarm (admission.py, byzantine.py): the LSTM of
+    ``args.hidden`` on ``args.data``, batch 16, ``args.H`` inner steps, groups of every node, the lr decaying over
+    ``args.rounds`` rounds of every node; ``sections`` add to it as in :func:`lstm_config`."""
+    steps, batch = args.rounds * args.H, 16
+    averaging = {"strategy": "diloco", "inner_steps": args.H, **LOCAL_TIMINGS, "target_group_size": args.nodes,
+                 "round_wait": 30.0, **sections.pop("averaging", {})}
+    return lstm_config(name, args.data, args.hidden, batch_size=batch, optimizer=BENCH_OPTIMIZER,
+                       schedule=cosine_schedule(steps * batch * args.nodes),  # over the swarm's samples
+                       averaging=averaging, **sections)
 
 
 def cosine_schedule(total_samples: int) -> dict:

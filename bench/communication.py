@@ -48,8 +48,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (bench_parser, cosine_schedule, default_text, lstm_config, print_table, run_swarm,  # noqa: E402
-                    write_json)
+from common import (BENCH_OPTIMIZER, LOCAL_TIMINGS, bench_parser, cosine_schedule, default_text,  # noqa: E402
+                    lstm_config, print_table, run_swarm, write_json)
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.tasks import build_task  # noqa: E402
@@ -67,7 +67,7 @@ def make_config(args, strategy: str, inner_steps: int, compression: str, steps_p
     return lstm_config(
         "comm", args.data, args.hidden, embed_dim=64, layers=args.layers, seq_len=args.seq_len,
         batch_size=args.batch_size,
-        optimizer={"lr": 3e-3, "min_lr": 3e-4, "grad_clip": 1.0},
+        optimizer=BENCH_OPTIMIZER,
         # a cosine over the swarm's samples: steps_per_node steps of every node
         schedule=cosine_schedule(steps_per_node * args.batch_size * args.nodes),
         averaging={"strategy": strategy, "inner_steps": inner_steps,
@@ -76,8 +76,7 @@ def make_config(args, strategy: str, inner_steps: int, compression: str, steps_p
                    "error_buffer": args.error_buffer, "overlap": overlap,
                    # the sparse all-gather averages each position over its senders: mean (this bench's peers are
                    # trusted; clipped_mean is the robust choice), and so do the others here, to compare like with like
-                   "aggregation": "mean",
-                   "matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 0.5,
+                   "aggregation": "mean", **LOCAL_TIMINGS,
                    "target_group_size": args.nodes, "round_wait": 0.0 if strategy == "sync" else 30.0},
         compression={"kind": compression, "topk_fraction": args.topk_fraction, "powersgd_rank": args.rank,
                      "sparse_chunk": args.sparse_chunk, "sparse_topk": args.sparse_topk,

@@ -21,9 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grpc  # noqa: E402
 
-from common import Swarm, print_table, work_folder, write_json  # noqa: E402
+from common import Swarm, print_table, swarm_config, work_folder, write_json  # noqa: E402
 
-from cotrain.config import RunConfig  # noqa: E402
 from cotrain.protocol import PROTOCOL_VERSION  # noqa: E402
 from cotrain.v1 import coordinator_pb2 as pb  # noqa: E402
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc  # noqa: E402
@@ -100,9 +99,9 @@ def one_run(args, unary: bool) -> dict:
     with work_folder("cotrain-load-") as tmp:
         corpus = tmp / "corpus.txt"
         corpus.write_text("the swarm trains one model together. " * 2000)
-        cfg = RunConfig().with_overrides(data={"source": str(corpus), "batch_size": 2, "seq_len": 16},
-                                         coordinator={"join_rate_per_s": 0.0, "heartbeat_rate_per_s": 0.0,
-                                                      "heartbeat_interval_s": 60.0})
+        cfg = swarm_config(data={"source": str(corpus), "batch_size": 2, "seq_len": 16},
+                           coordinator={"join_rate_per_s": 0.0, "heartbeat_rate_per_s": 0.0,
+                                        "heartbeat_interval_s": 60.0})
         with Swarm(cfg, tmp, token_name="load") as swarm:  # the coordinator alone: the nodes are simulated here
             return asyncio.run(drive(swarm.address, swarm.token, args.nodes, args.seconds, args.concurrency,
                                      args.channels, unary))

@@ -24,16 +24,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Swarm, bench_parser, print_table, run_meta, wait_for, work_folder, write_json  # noqa: E402
+from common import (Swarm, bench_parser, print_table, run_meta, swarm_config, wait_for, work_folder,  # noqa: E402
+                    write_json)
 
-from cotrain.config import RunConfig  # noqa: E402
 from cotrain.footprint import footprint  # noqa: E402
 from cotrain.models import build_model, count_parameters  # noqa: E402
 
 
 def measure(hidden: int, seconds: float, keep: bool) -> dict:
-    cfg = RunConfig().with_overrides(run={"name": f"footprint-{hidden}"}, model={"hidden_size": hidden},
-                                     device="cpu")
+    cfg = swarm_config(run={"name": f"footprint-{hidden}"}, model={"hidden_size": hidden}, device="cpu")
     params = count_parameters(build_model(cfg))
     names = ["node-0", "node-1"]
     with work_folder(f"cotrain-footprint-{hidden}-", keep=keep) as work:
@@ -50,7 +49,7 @@ def measure(hidden: int, seconds: float, keep: bool) -> dict:
                         peak[i] = max(peak[i], int(json.loads(path.read_text()).get("memory_bytes", 0)))
                     except (OSError, ValueError):
                         pass
-                coordinator_peak = max(coordinator_peak, footprint(swarm.coordinator.popen.pid).pss_bytes)
+                coordinator_peak = max(coordinator_peak, footprint(swarm.proc.popen.pid).pss_bytes)
                 time.sleep(2.0)
     row = dict(hidden=hidden, params=params, node_pss_bytes=max(peak), coordinator_pss_bytes=coordinator_peak)
     print(f"hidden {hidden}: {params:,} parameters, a node {max(peak) / 2**20:.0f} MB, the coordinator "

@@ -39,7 +39,7 @@ def measure(data: str, label: str, hidden: int, inner_steps: int) -> dict:
     with work_folder("cotrain-join-") as tmp, Swarm(cfg, tmp) as swarm:
         procs = [swarm.start_node(f"node-{i}", ["--threads", "1", "--wait-peers", "2"]) for i in range(2)]
         wait_for(lambda: swarm.health().totals.global_round >= 2, 1200, interval=1.0,
-                 what="the swarm to finish two rounds", procs=procs + [swarm.coordinator])
+                 what="the swarm to finish two rounds", procs=procs + [swarm.proc])
         started = time.monotonic()
         joiner = swarm.start_node("joiner", ["--threads", "1"])
 
@@ -49,7 +49,7 @@ def measure(data: str, label: str, hidden: int, inner_steps: int) -> dict:
             return rows[0] if rows and rows[0].rounds_completed >= 1 else None
 
         metrics = wait_for(contributed, 1200, interval=0.5, what="the joiner's first round",
-                           procs=[*procs, joiner, swarm.coordinator])
+                           procs=[*procs, joiner, swarm.proc])
         elapsed = time.monotonic() - started
     # the bytes of shared state the joiner downloaded from its peers (its warm start), as it reports them
     state_bytes = int(metrics.state_bytes_received)

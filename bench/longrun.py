@@ -56,8 +56,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (Swarm, UnitLoop, bench_parser, final_checkpoint, print_table, run_meta, wait_for,  # noqa: E402
-                    work_folder, write_json, write_page)
+from common import (Swarm, UnitLoop, bench_parser, final_checkpoint, print_table, run_meta,  # noqa: E402
+                    swarm_config, wait_for, work_folder, write_json, write_page)
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.coordinator.store import read_evals  # noqa: E402
@@ -97,9 +97,8 @@ VARIANTS = {
 
 def run_config(args) -> RunConfig:
     """The user's defaults; only where the data lives, the device, and how often the coordinator checkpoints."""
-    return RunConfig().with_overrides(run={"name": "longrun"}, data={"source": args.data or "builtin"},
-                                      device=args.device,
-                                      coordinator={"checkpoint_interval_s": args.checkpoint_interval})
+    return swarm_config(run={"name": "longrun"}, data={"source": args.data or "builtin"}, device=args.device,
+                        coordinator={"checkpoint_interval_s": args.checkpoint_interval})
 
 
 def run_plain(name: str, cfg: RunConfig, args) -> dict:

@@ -141,7 +141,7 @@ def run_nodes(args, name: str, lab: netns.NatLab, cfg_path: Path, workdir: Path)
         # the nodes leave after --duration; one that failed (a flag this version lacks) would keep the others waiting
         # for their third peer, so the rest are stopped then, and at a deadline
         deadline = time.monotonic() + args.budget_s + 240
-        while any(p.alive() for p in procs) and swarm.coordinator.alive() and time.monotonic() < deadline:
+        while any(p.alive() for p in procs) and swarm.proc.alive() and time.monotonic() < deadline:
             if any(p.popen.poll() not in (None, 0) for p in procs):
                 break
             time.sleep(1.0)

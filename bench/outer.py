@@ -25,9 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import UnitLoop, bench_parser, print_table, write_json  # noqa: E402
+from common import UnitLoop, bench_parser, print_table, swarm_config, write_json  # noqa: E402
 
-from cotrain.config import RunConfig  # noqa: E402
 from cotrain.data import Corpus  # noqa: E402
 from cotrain.evaluation import evaluate_model  # noqa: E402
 from cotrain.optim.schedule import Schedule, lr_factor  # noqa: E402
@@ -58,7 +57,7 @@ def run(name: str, args, corpus: Corpus, byte_counts) -> dict:
     plain = name.startswith("plain") or alone
     outer_lr, mu, sched = PLAIN[name.removesuffix("_alone")] if plain else VARIANTS[name]
     replicas = 1 if plain else args.replicas
-    cfg = RunConfig().with_overrides(data={"source": "builtin"})
+    cfg = swarm_config(data={"source": "builtin"})
     # a round's local steps: replica 0 takes --fast times H (a fast node), the others H
     steps = [args.H * args.fast] + [args.H] * (args.replicas - 1)
     if plain:  # the samples of the whole swarm, or of its fast node alone

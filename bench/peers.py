@@ -114,10 +114,9 @@ def run_config(data: str, total_samples: int, inner_steps: int = 1, outer_lr: fl
     sequences of the whole row (every worker's together: steps a worker x ``batch`` x workers; 0: a constant lr);
     for the cotrain rows the averaging, fp16 compression, and a coordinator that keeps a checkpoint of every round
     it sees (no evaluation of its own: the bench evaluates them afterwards)."""
-    cfg = lm_config(data, batch, total_samples, inner_steps, outer_lr, outer_momentum)
-    return cfg.with_overrides(
-        averaging={"strategy": strategy, "inner_steps": inner_steps, "outer_lr": outer_lr, "overlap": overlap,
-                   "outer_momentum": outer_momentum, "aggregation": "mean", "target_group_size": WORKERS,
+    return lm_config(
+        data, batch, total_samples, inner_steps, outer_lr, outer_momentum,
+        averaging={"strategy": strategy, "overlap": overlap, "aggregation": "mean", "target_group_size": WORKERS,
                    "matchmaking_time": MATCHMAKING_S, "request_timeout": REQUEST_TIMEOUT_S,
                    "round_wait": 0.0 if strategy == "sync" else 30.0},
         compression={"kind": "fp16"},

@@ -36,7 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import cosine_schedule, default_text, print_table, run_swarm, write_json  # noqa: E402
+from common import (BENCH_OPTIMIZER, LOCAL_TIMINGS, cosine_schedule, default_text, print_table,  # noqa: E402
+                    run_swarm, swarm_config, write_json)
 
 from cotrain.config import RunConfig  # noqa: E402
 
@@ -46,22 +47,23 @@ WALL_SAMPLES = 10**9
 
 
 def lm_config(data: str, batch_size: int, total_samples: int, inner_steps: int, outer_lr: float,
-              outer_momentum: float) -> RunConfig:
+              outer_momentum: float, **sections: dict) -> RunConfig:
     """The language-model run: a cosine from lr to min_lr over ``total_samples`` sequences of the whole swarm (all
-    nodes together; 0: a constant lr)."""
-    return RunConfig.from_dict(dict(
+    nodes together; 0: a constant lr); ``sections`` add to it as :func:`~cotrain.cli.local_swarm.swarm_config`
+    merges them."""
+    return swarm_config(dict(
         run={"name": "quality", "seed": 0},
         model={"kind": "lstm", "embed_dim": 64, "hidden_size": 256, "num_layers": 2, "dropout": 0.1},
         data={"source": data, "seq_len": 128, "batch_size": batch_size, "val_fraction": 0.1},
-        optimizer={"lr": 3e-3, "min_lr": 3e-4, "grad_clip": 1.0},
+        optimizer=BENCH_OPTIMIZER,
         schedule=cosine_schedule(total_samples) if total_samples else {"kind": "constant", "warmup_samples": 0},
         averaging={"inner_steps": inner_steps, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
-                   "matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 0.5},
+                   **LOCAL_TIMINGS},
         # units of about a third of the training text: a swarm node gets one each, a single node takes them in
         # turn, and the recurrent state is carried across long streams as in the plain LSTM of BASELINES.md
         coordinator={"checkpoint_interval_s": 3600.0, "unit_bytes": 320_000},
         device="cpu",
-    ))
+    ), sections)
 
 
 def run_plain(data: str, total_sequences: int = 0, wall_s: float = 0.0, hidden_size: int = 256,
@@ -187,14 +189,14 @@ def run_lm(data: str, nodes: int, total_sequences: int, inner_steps: int, outer_
 def run_world_model(nodes: int, rounds: int, env_id: str) -> dict:
     from cotrain.evaluation import evaluate_state
 
-    cfg = RunConfig.from_dict(dict(
+    cfg = swarm_config(dict(
         run={"name": "quality-wm", "seed": 0},
         model={"kind": "mdn_rnn", "hidden_size": 64, "num_layers": 1, "num_mixtures": 5},
         env={"id": env_id, "episodes": 64, "horizon": 50, "eval_episodes": 64},
         data={"batch_size": 16},
         optimizer={"lr": 3e-3, "min_lr": 3e-3},
         schedule={"kind": "constant", "warmup_samples": 0},  # a constant lr, as before the [schedule] section
-        averaging={"inner_steps": 50, "matchmaking_time": 2.0, "request_timeout": 1.5, "progress_interval": 0.5},
+        averaging={"inner_steps": 50, **LOCAL_TIMINGS},
         coordinator={"checkpoint_interval_s": 3600.0},
         device="cpu",
     ))

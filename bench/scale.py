@@ -179,7 +179,7 @@ def one_run(args, nodes: int) -> dict:
             # downloading the state for their first rounds)
             if warm_at is None and len(rows) == nodes and all(m.round >= 1 for m in rows.values()):
                 warm_at = time.monotonic()
-                coordinator_cpu0 = footprint(swarm.coordinator.pid).cpu_s
+                coordinator_cpu0 = footprint(swarm.proc.pid).cpu_s
                 node_cpu0 = cpu_split(procs)
                 first = {name: (m.round, m.wall_s, m.compute_s) for name, m in rows.items()}
                 print(f"  {nodes} nodes past their first round after {warm_at - started:.0f}s", flush=True)
@@ -193,7 +193,7 @@ def one_run(args, nodes: int) -> dict:
                 break  # the budget spent, and rounds enough since the start to time one
             time.sleep(2.0)
         window = time.monotonic() - warm_at
-        coordinator_cpu = (footprint(swarm.coordinator.pid).cpu_s - coordinator_cpu0) / window
+        coordinator_cpu = (footprint(swarm.proc.pid).cpu_s - coordinator_cpu0) / window
         own_cpu, helpers_cpu = (round((b - a) / window / nodes, 4) for a, b in zip(node_cpu0, cpu_split(procs)))
         per_round = [(m.wall_s - first[name][1]) / (m.round - first[name][0]) for name, m in rows.items()
                      if m.round > first[name][0]]

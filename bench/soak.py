@@ -41,10 +41,9 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (Swarm, bench_parser, interruptible, print_table, run_meta, wait_for, work_folder,  # noqa: E402
-                    write_json, write_page)
+from common import (Swarm, bench_parser, interruptible, print_table, run_meta, swarm_config, wait_for,  # noqa: E402
+                    work_folder, write_json, write_page)
 
-from cotrain.config import RunConfig  # noqa: E402
 from cotrain.coordinator.store import read_evals  # noqa: E402
 from cotrain.footprint import process_tree  # noqa: E402
 from cotrain.memory import TRACE_ENV, TRACE_EVERY_ENV  # noqa: E402
@@ -76,7 +75,7 @@ def sample(swarm: Swarm, nodes: dict) -> list[dict]:
     """Every process of the coordinator and of each node, with whose it is (``node-1/2``: node-1's second process
     in its tree, in pid order: the node, then what it started)."""
     out = []
-    trees = {"coordinator": swarm.coordinator.pid, **{name: proc.pid for name, proc in nodes.items()}}
+    trees = {"coordinator": swarm.proc.pid, **{name: proc.pid for name, proc in nodes.items()}}
     for who, root in trees.items():
         for i, pid in enumerate(sorted(process_tree(root))):
             figures = process_figures(pid)
@@ -135,7 +134,7 @@ def latest_bpc(swarm: Swarm) -> Optional[float]:
 
 
 def run(args) -> dict:
-    cfg = RunConfig().with_overrides(run={"name": "soak"}, device="cpu")
+    cfg = swarm_config(run={"name": "soak"}, device="cpu")
     freeze_s = cfg.averaging.allreduce_timeout + cfg.averaging.matchmaking_time + 5.0
     results = dict(minutes=args.minutes, samples=[], slopes=[], events=[], meta=run_meta(), freeze_s=freeze_s)
     with work_folder("cotrain-soak-", keep=args.keep) as work, Swarm(cfg, work, nodes=len(NODES)) as swarm:

@@ -47,8 +47,8 @@ from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (Interrupted, Swarm, bench_parser, default_text, interruptible, lstm_config,  # noqa: E402
-                    print_table, stop_all, stopped_on_exit, uninterrupted, work_folder, write_json)
+from common import (BENCH_OPTIMIZER, Interrupted, Swarm, bench_parser, default_text, interruptible,  # noqa: E402
+                    lstm_config, print_table, stop_all, stopped_on_exit, uninterrupted, work_folder, write_json)
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.coordinator.store import read_evals  # noqa: E402
@@ -237,7 +237,7 @@ def make_config(args) -> RunConfig:
     return lstm_config(
         "wan", args.data, args.hidden, embed_dim=64, layers=args.layers, seq_len=args.seq_len,
         batch_size=args.batch_size,
-        optimizer={"lr": 3e-3, "min_lr": 3e-4, "grad_clip": 1.0},
+        optimizer=BENCH_OPTIMIZER,
         schedule={"kind": "constant", "warmup_samples": 0},  # a constant lr (bench/ddp_worker.py reads it too)
         averaging={"strategy": "diloco", "inner_steps": args.H, "outer_lr": args.outer_lr,
                    "matchmaking_time": 3.0, "request_timeout": 2.0, "progress_interval": 1.0,

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from common import default_text, print_table, write_json  # noqa: E402
+from common import default_text, print_table, swarm_config, write_json  # noqa: E402
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.data import Corpus, StreamBatches  # noqa: E402
@@ -87,11 +87,11 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
-    cfg = RunConfig.from_dict(dict(
+    cfg = swarm_config(
         run={"seed": 0},
         model={"kind": "lstm", "embed_dim": 64, "hidden_size": args.hidden, "num_layers": 1, "dropout": 0.0},
         data={"source": args.data or default_text(), "seq_len": 64, "batch_size": 32, "max_bytes": args.max_bytes},
-        optimizer={"lr": 3e-3, "min_lr": 3e-4}, device="cpu"))
+        optimizer={"lr": 3e-3, "min_lr": 3e-4}, device="cpu")
     corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, val_fraction=0.1)
     half = corpus.train.end // 2
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: a small corpus, and a real coordinator process on 127.0.0.1 (helpers live in tiny_swarm.py)."""
+"""Shared fixtures: a small corpus, and a real coordinator process on 127.0.0.1 (a
+:class:`~cotrain.cli.local_swarm.Swarm`; helpers live in tiny_swarm.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tiny_swarm import RunningCoordinator, make_text, tiny_config
+from cotrain.cli.local_swarm import Swarm
+from tiny_swarm import make_text, tiny_config
 
 
 @pytest.fixture(scope="session")
@@ -31,9 +33,10 @@ def corpus_file(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def coordinator(tmp_path, corpus_file, node_zygote):
-    running = RunningCoordinator(tmp_path, tiny_config(corpus_file), zygote=node_zygote)
-    yield running
-    running.stop()
+    """A swarm of the tiny config in ``tmp_path``, its coordinator running (forked from the zygote); at the end of
+    the test, it and every node started through it are stopped."""
+    with Swarm(tiny_config(corpus_file), tmp_path, zygote=node_zygote) as running:
+        yield running
 
 
 @pytest.fixture(autouse=True, scope="session")

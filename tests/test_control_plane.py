@@ -7,12 +7,13 @@ import sys
 import grpc
 import pytest
 
+from cotrain.cli.local_swarm import Swarm
 from cotrain.coordinator.store import Store
 from cotrain.exit_codes import ExitCode
 from cotrain.protocol import PROTOCOL_VERSION
 from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
-from tiny_swarm import RunningCoordinator, tiny_config
+from tiny_swarm import tiny_config
 
 pytestmark = pytest.mark.swarm
 
@@ -157,8 +158,8 @@ def test_a_silent_nodes_unit_is_reclaimed_by_the_coordinator_alone(tmp_path, cor
     watches it only reads)."""
     from cotrain.cli.launch import wait_for
 
-    running = RunningCoordinator(tmp_path, tiny_config(corpus_file, coordinator={"lost_after_missed": 2}),
-                                 zygote=node_zygote)
+    running = Swarm(tiny_config(corpus_file, coordinator={"lost_after_missed": 2}), tmp_path,
+                    zygote=node_zygote).start()
     channel = grpc.insecure_channel(running.address)
     try:
         stub = pb_grpc.CoordinatorStub(channel)
@@ -176,7 +177,7 @@ def test_a_silent_nodes_unit_is_reclaimed_by_the_coordinator_alone(tmp_path, cor
         assert {n.node_name: (n.state, list(n.units)) for n in health.nodes} == {"silent": ("lost", [])}
     finally:
         channel.close()
-        running.stop()
+        running.close()
 
 
 def test_revoked_token_cannot_join(stub, coordinator):
@@ -212,7 +213,7 @@ def test_restarted_coordinator_resumes_its_members(coordinator):
     r = join(stub, coordinator.token, "survivor")
     run_id = r.run.run_id
     channel.close()
-    assert coordinator.stop() == 0
+    assert coordinator.stop_coordinator() == 0
 
     from cotrain.cli.launch import start_coordinator
 

@@ -10,9 +10,10 @@ import torch
 from cotrain.checkpoint import load_checkpoint
 from cotrain.coordinator.store import Store
 from cotrain.cli.launch import start_coordinator, start_node, wait_for
+from cotrain.cli.local_swarm import Swarm
 from cotrain.client import CoordinatorClient
 
-from tiny_swarm import RunningCoordinator, tiny_config
+from tiny_swarm import tiny_config
 
 pytestmark = pytest.mark.swarm
 
@@ -37,10 +38,9 @@ def rounds_done(state_dir) -> list[tuple[int, int]]:
 
 
 def test_killed_node_does_not_stop_the_round_and_rejoins(tmp_path, corpus_file, node_zygote):
-    running = RunningCoordinator(tmp_path, tiny_config(corpus_file, averaging={"inner_steps": 40,
-                                                                               "allreduce_timeout": 5.0}),
-                                 zygote=node_zygote)
-    nodes = [running.start_node(f"n{i}", tmp_path / f"n{i}", extra=["--threads", "1", "--wait-peers", "3"])
+    cfg = tiny_config(corpus_file, averaging={"inner_steps": 40, "allreduce_timeout": 5.0})
+    running = Swarm(cfg, tmp_path, zygote=node_zygote).start()
+    nodes = [running.start_node(f"n{i}", extra=["--threads", "1", "--wait-peers", "3"])
              for i in range(3)]
     client = CoordinatorClient(running.address, insecure=True)
     try:
@@ -54,7 +54,7 @@ def test_killed_node_does_not_stop_the_round_and_rejoins(tmp_path, corpus_file, 
                  what="the others to go on without it", procs=nodes[:2] + [running.proc])
 
         swarm_round = rows(client)["n0"].metrics.round
-        comeback = running.start_node("n2", tmp_path / "n2", tmp_path / "n2-again.log", extra=["--threads", "1"])
+        comeback = running.start_node("n2", extra=["--threads", "1"], log_path=tmp_path / "n2-again.log")
         nodes.append(comeback)
 
         def rejoined():  # its row reports the swarm's rounds (the killed process's figures stopped at killed_at)
@@ -69,7 +69,7 @@ def test_killed_node_does_not_stop_the_round_and_rejoins(tmp_path, corpus_file, 
         client.close()
         for n in nodes:
             n.stop(30)
-        running.stop()
+        running.close()
     history = rounds_done(tmp_path / "n0")
     assert any(g == 3 for r, g in history if r < killed_at), history  # rounds of all three before the kill
     assert any(g == 2 for r, g in history if r > killed_at), history  # rounds completed by the survivors
@@ -80,8 +80,8 @@ def test_killed_node_does_not_stop_the_round_and_rejoins(tmp_path, corpus_file, 
 def test_a_killed_nodes_work_unit_is_reissued_and_finished_by_another(tmp_path, corpus_file, node_zygote):
     cfg = tiny_config(corpus_file, coordinator={"unit_bytes": 4096, "lost_after_missed": 4},
                       averaging={"inner_steps": 20, "allreduce_timeout": 5.0})
-    running = RunningCoordinator(tmp_path, cfg, zygote=node_zygote)
-    nodes = [running.start_node(f"n{i}", tmp_path / f"n{i}", extra=["--threads", "1", "--wait-peers", "2"])
+    running = Swarm(cfg, tmp_path, zygote=node_zygote).start()
+    nodes = [running.start_node(f"n{i}", extra=["--threads", "1", "--wait-peers", "2"])
              for i in range(2)]
     client = CoordinatorClient(running.address, insecure=True)
     store = Store(running.state_dir)
@@ -124,7 +124,7 @@ def test_a_killed_nodes_work_unit_is_reissued_and_finished_by_another(tmp_path, 
         client.close()
         for n in nodes:
             n.stop(30)
-        running.stop()
+        running.close()
 
 
 def test_swarm_trains_on_while_the_coordinator_is_away(tmp_path, corpus_file, node_zygote):
@@ -163,18 +163,19 @@ def test_swarm_trains_on_while_the_coordinator_is_away(tmp_path, corpus_file, no
 
 
 def test_corrupt_checkpoint_falls_back_to_the_previous(tmp_path, corpus_file, node_zygote):
-    running = RunningCoordinator(tmp_path, tiny_config(corpus_file, coordinator={"checkpoint_interval_s": 1.0}),
-                                 zygote=node_zygote)
+    running = Swarm(tiny_config(corpus_file, coordinator={"checkpoint_interval_s": 1.0}), tmp_path,
+                    zygote=node_zygote).start()
     client = CoordinatorClient(running.address, insecure=True)
     try:
-        node = running.start_node("solo", tmp_path / "solo", extra=["--threads", "1"])
+        node = running.start_node("solo", extra=["--threads", "1"])
         wait_for(lambda: len(running.checkpoints()) >= 2, 120, what="two checkpoints", procs=[node, running.proc])
         node.stop(30)
         newest, previous = running.checkpoints()[:2]
         data = bytearray(open(newest.path, "rb").read())
         data[len(data) // 2] ^= 0xFF
         open(newest.path, "wb").write(bytes(data))
-        stranger = running.start_node("stranger", tmp_path / "s", extra=["--threads", "1", "--max-steps", "1"])
+        stranger = running.start_node("stranger", extra=["--threads", "1", "--max-steps", "1"],
+                                      state_dir=tmp_path / "s")
         wait_for(lambda: not stranger.alive(), 120, what="the stranger to start")
         assert stranger.stop(10) == 0, stranger.log()[-2000:]
         # with no peer and no state of its own it took the newest checkpoint that is intact (the newest arrives
@@ -186,4 +187,4 @@ def test_corrupt_checkpoint_falls_back_to_the_previous(tmp_path, corpus_file, no
         assert common and all(torch.equal(intact.tensors[k], took.tensors[k]) for k in common)
     finally:
         client.close()
-        running.stop()
+        running.close()

@@ -12,16 +12,17 @@ import pytest
 from cotrain.coordinator.store import Store
 from cotrain.exit_codes import ExitCode
 from cotrain.cli.launch import wait_for
+from cotrain.cli.local_swarm import Swarm
 from cotrain.client import CoordinatorClient
 
-from tiny_swarm import RunningCoordinator, tiny_config
+from tiny_swarm import tiny_config
 
 pytestmark = pytest.mark.swarm
 
 
 def test_managed_node_joins_trains_is_restarted_and_evaluations_run_on_ray(tmp_path, corpus_file):
     cfg = tiny_config(corpus_file, coordinator={"eval_every_rounds": 2})
-    running = RunningCoordinator(tmp_path, cfg, extra=["--managed-nodes", "1", "--managed-node-cpus", "0.5"])
+    running = Swarm(cfg, tmp_path, extra=["--managed-nodes", "1", "--managed-node-cpus", "0.5"]).start()
     client = CoordinatorClient(running.address, insecure=True)
 
     def managed():
@@ -47,7 +48,7 @@ def test_managed_node_joins_trains_is_restarted_and_evaluations_run_on_ray(tmp_p
         assert [n.node_name for n in client.health().nodes] == ["managed-0"]  # the same identity
     finally:
         client.close()
-        code = running.stop()
+        code = running.stop_coordinator()
     assert code == 0
     nodes = {n.name: n for n in Store(running.state_dir).load_nodes()}
     assert nodes["managed-0"].left  # stopped with the coordinator, cleanly

@@ -11,12 +11,13 @@ from google.protobuf import message_factory
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from cotrain.cli.local_swarm import Swarm
 from cotrain.coordinator.wire import ThrottledWarning, method_handlers
 from cotrain.protocol import PROTOCOL_VERSION
 from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.v1 import coordinator_pb2_grpc as pb_grpc
 
-from tiny_swarm import RunningCoordinator, tiny_config
+from tiny_swarm import tiny_config
 
 pytestmark = pytest.mark.swarm
 
@@ -33,16 +34,14 @@ floats = st.floats(allow_nan=True, allow_infinity=True)
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, corpus_file, node_zygote):
     tmp = tmp_path_factory.mktemp("fuzz")
-    running = RunningCoordinator(tmp, tiny_config(corpus_file, coordinator={"join_rate_per_s": 0.0,
-                                                                             "heartbeat_rate_per_s": 0.0}),
-                                 zygote=node_zygote)
-    channel = grpc.insecure_channel(running.address)
-    stub = pb_grpc.CoordinatorStub(channel)
-    good = stub.Join(pb.JoinRequest(token=running.token, node_name="fuzzer", protocol_version=PROTOCOL_VERSION),
-                     timeout=10)
-    yield stub, running, good
-    channel.close()
-    running.stop()
+    cfg = tiny_config(corpus_file, coordinator={"join_rate_per_s": 0.0, "heartbeat_rate_per_s": 0.0})
+    with Swarm(cfg, tmp, zygote=node_zygote) as running:
+        channel = grpc.insecure_channel(running.address)
+        stub = pb_grpc.CoordinatorStub(channel)
+        good = stub.Join(pb.JoinRequest(token=running.token, node_name="fuzzer", protocol_version=PROTOCOL_VERSION),
+                         timeout=10)
+        yield stub, running, good
+        channel.close()
 
 
 def call(fn, request):

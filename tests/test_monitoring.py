@@ -12,10 +12,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cotrain.cli.launch import wait_for
+from cotrain.cli.local_swarm import Swarm
 from cotrain.client import CoordinatorClient
 from cotrain.optim.schedule import Schedule, lr_factor
 
-from tiny_swarm import RunningCoordinator, tiny_config
+from tiny_swarm import tiny_config
 
 pytestmark = pytest.mark.swarm
 
@@ -26,9 +27,9 @@ CHARTS = ("curve", "loss", "val", "online", "throughput", "bytes")
 @pytest.fixture(scope="module")
 def live_swarm(tmp_path_factory, corpus_file, node_zygote):
     tmp = tmp_path_factory.mktemp("monitored")
-    running = RunningCoordinator(tmp, tiny_config(corpus_file, averaging={"inner_steps": 30}),
-                                 extra=["--http-port", "0"], zygote=node_zygote)
-    nodes = [running.start_node(name, tmp / name, extra=["--threads", "1", "--wait-peers", "2"])
+    running = Swarm(tiny_config(corpus_file, averaging={"inner_steps": 30}), tmp, extra=["--http-port", "0"],
+                    zygote=node_zygote).start()
+    nodes = [running.start_node(name, extra=["--threads", "1", "--wait-peers", "2"])
              for name in ("alice", "bob")]
     client = CoordinatorClient(running.address, insecure=True)
     try:
@@ -43,7 +44,7 @@ def live_swarm(tmp_path_factory, corpus_file, node_zygote):
         client.close()
         for n in nodes:
             n.stop(30)
-        running.stop()
+        running.close()
 
 
 def get(url: str) -> bytes:
@@ -123,7 +124,7 @@ def test_dashboard_renders_in_a_headless_browser(live_swarm):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (the Makefile's test target installs it)")
 def test_a_fresh_runs_dashboard_says_its_charts_have_no_data_yet(tmp_path, corpus_file, node_zygote):
-    running = RunningCoordinator(tmp_path, tiny_config(corpus_file), extra=["--http-port", "0"], zygote=node_zygote)
+    running = Swarm(tiny_config(corpus_file), tmp_path, extra=["--http-port", "0"], zygote=node_zygote).start()
     try:
         url = running.info["http"] + "/"
         history = json.loads(get(url + "api/history"))
@@ -131,7 +132,7 @@ def test_a_fresh_runs_dashboard_says_its_charts_have_no_data_yet(tmp_path, corpu
         dom = subprocess.run(chromium(tmp_path) + ["--dump-dom", url], capture_output=True, text=True,
                              timeout=120).stdout
     finally:
-        running.stop()
+        running.close()
     assert 'data-loaded="yes"' in dom, dom[-2000:]
     assert chart_states(dom) == dict.fromkeys(CHARTS, "yes"), chart_states(dom)
     # each chart says so in its drawing (a plotly annotation), and draws no axis (a date axis from the year 2000)

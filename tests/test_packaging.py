@@ -26,9 +26,10 @@ from pathlib import Path
 import pytest
 
 from cotrain.cli.launch import Proc, wait_for
+from cotrain.cli.local_swarm import Swarm
 from cotrain.client import CoordinatorClient
 
-from tiny_swarm import RunningCoordinator, tiny_config
+from tiny_swarm import tiny_config
 from packaging_checks import (data_references, drop_option, first_code_block, installed_files, missing,
                               python_modules, requirement_name, section, shell_commands, third_party_imports,
                               tree_files, undeclared, wheel_files)
@@ -117,9 +118,8 @@ def wheel_target(wheel, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def shared_coordinator(tmp_path_factory, corpus_file):
-    running = RunningCoordinator(tmp_path_factory.mktemp("coordinator"), tiny_config(corpus_file))
-    yield running
-    running.stop()
+    with Swarm(tiny_config(corpus_file), tmp_path_factory.mktemp("coordinator")) as running:
+        yield running
 
 
 # ---- the pure checks ---------------------------------------------------------------------------------------------

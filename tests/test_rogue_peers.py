@@ -14,8 +14,9 @@ import torch
 from cotrain.checkpoint import load_checkpoint
 from cotrain.coordinator.store import Store
 from cotrain.cli.launch import wait_for
+from cotrain.cli.local_swarm import Swarm
 from cotrain.client import CoordinatorClient
-from tiny_swarm import RunningCoordinator, tiny_config
+from tiny_swarm import tiny_config
 from test_swarm import assert_learned
 
 pytestmark = pytest.mark.swarm
@@ -32,12 +33,11 @@ STEP_DELAY = 0.3
 def test_rogue_peers_get_nothing_and_members_train_on(tmp_path, corpus_file, node_zygote):
     # credentials of 10 s (the least allowed): the "expired" rogue's runs out during the test
     cfg = tiny_config(corpus_file, coordinator={"credential_ttl_s": 10.0})
-    coordinator = RunningCoordinator(tmp_path, cfg, zygote=node_zygote)
+    coordinator = Swarm(cfg, tmp_path, zygote=node_zygote).start()
     store = Store(coordinator.state_dir)
     tokens = {mode: store.create_token(f"mallory-{mode}") for mode in ("expired", "revoked")}
-    members = [coordinator.start_node(f"member-{i}", tmp_path / f"member-{i}",
-                                      extra=["--max-rounds", str(ROUNDS), "--threads", "1", "--wait-peers", "2",
-                                             "--step-delay", str(STEP_DELAY)])
+    members = [coordinator.start_node(f"member-{i}", extra=["--max-rounds", str(ROUNDS), "--threads", "1",
+                                                            "--wait-peers", "2", "--step-delay", str(STEP_DELAY)])
                for i in range(2)]
     rogues, logs = {}, []
     client = CoordinatorClient(coordinator.address, insecure=True)
@@ -85,7 +85,7 @@ def test_rogue_peers_get_nothing_and_members_train_on(tmp_path, corpus_file, nod
             log.close()
         for member in members:
             member.stop(10)
-        coordinator.stop()
+        coordinator.close()
 
     rogue_logs = {mode: (tmp_path / f"rogue-{mode}.log").read_text() for mode in MODES}
     for mode, r in results.items():

@@ -10,10 +10,10 @@ import torch
 
 from cotrain.checkpoint import load_checkpoint
 from cotrain.cli.launch import start_node, wait_for
-
+from cotrain.cli.local_swarm import Swarm
 from cotrain.client import CoordinatorClient
 from cotrain.evaluation import evaluate_state
-from tiny_swarm import RunningCoordinator, tiny_config
+from tiny_swarm import tiny_config
 
 pytestmark = pytest.mark.swarm
 
@@ -65,15 +65,14 @@ MODELS = {
 
 @pytest.fixture(params=list(MODELS))
 def model_coordinator(request, tmp_path, corpus_file, node_zygote):
-    running = RunningCoordinator(tmp_path, tiny_config(corpus_file, **MODELS[request.param]), zygote=node_zygote)
-    yield running
-    running.stop()
+    with Swarm(tiny_config(corpus_file, **MODELS[request.param]), tmp_path, zygote=node_zygote) as running:
+        yield running
 
 
 def train_together(coordinator, tmp_path, count: int, rounds: int = ROUNDS, extra: dict | None = None):
     """``count`` real nodes train until ``rounds`` rounds (node i with ``extra[i]`` flags too); -> (final coordinator
     health, the nodes' final states)."""
-    nodes = [coordinator.start_node(f"node-{i}", tmp_path / f"node-{i}",
+    nodes = [coordinator.start_node(f"node-{i}", state_dir=tmp_path / f"node-{i}",
                                     extra=["--max-rounds", str(rounds), "--threads", "1", "--wait-peers", str(count),
                                            *(extra or {}).get(i, [])])
              for i in range(count)]
@@ -125,13 +124,13 @@ def test_a_diloco_round_of_three_nodes_leaves_identical_parameters(tmp_path, cor
     # (allreduce.hosted); "board" makes every member reduce a part (min_part_values = 0), the butterfly after the
     # meeting that a large model's rounds take
     averaging = {"group_formation": formation, **({"min_part_values": 0} if formation == "board" else {})}
-    coordinator = RunningCoordinator(tmp_path, tiny_config(corpus_file, averaging=averaging), zygote=node_zygote)
+    coordinator = Swarm(tiny_config(corpus_file, averaging=averaging), tmp_path, zygote=node_zygote).start()
     # with board groups node-2 is a straggler (each local step takes 0.3 s more): it must cost the others nothing
     straggler = {2: ["--step-delay", "0.3"]} if formation != "matchmaking" else {}
     try:
         health, finals = train_together(coordinator, tmp_path, 3, rounds=3, extra=straggler)
     finally:
-        coordinator.stop()
+        coordinator.close()
     histories = [dict(map(tuple, f.metadata["rounds"])) for f in finals]
     assert all(h.get(2) == 3 for h in histories), histories  # the last round was averaged by all three
     for other in finals[1:]:
@@ -170,14 +169,14 @@ def test_every_node_of_a_round_takes_the_same_lr_at_each_step_and_the_same_outer
     trains on. Each node records every step's lr and every round's state hash (--step-record)."""
     schedule = {"kind": "inverse_sqrt", "warmup_samples": 0, "timescale_samples": 64, "outer": True}
     cfg = tiny_config(corpus_file, schedule=schedule)
-    coordinator = RunningCoordinator(tmp_path, cfg, zygote=node_zygote)
+    coordinator = Swarm(cfg, tmp_path, zygote=node_zygote).start()
     records = [tmp_path / f"steps-{i}.jsonl" for i in range(3)]
     odd = {1: ["--claim-multiple", "1000"], 2: ["--step-delay", "0.1"]}
     extra = {i: ["--step-record", str(records[i]), *odd.get(i, [])] for i in range(3)}
     try:
         train_together(coordinator, tmp_path, 3, rounds=4, extra=extra)
     finally:
-        coordinator.stop()
+        coordinator.close()
     lines = [[json.loads(line) for line in path.read_text().splitlines()] for path in records]
     steps = [{(x["round"], x["step"]): x["lr"] for x in node if "lr" in x} for node in lines]
     # the straggler takes fewer steps a round (as few as one on a loaded machine): each step is compared on every
@@ -212,13 +211,13 @@ def test_eight_nodes_in_groups_of_two_count_the_whole_swarms_samples(tmp_path, c
     total then (the sum of every node's own samples in the rounds it applied, from their records)."""
     cfg = tiny_config(corpus_file, averaging={"group_formation": "board_only", "target_group_size": 2,
                                               "inner_steps": 5})
-    coordinator = RunningCoordinator(tmp_path, cfg, zygote=node_zygote)
+    coordinator = Swarm(cfg, tmp_path, zygote=node_zygote).start()
     records = [tmp_path / f"steps-{i}.jsonl" for i in range(8)]
     try:
         train_together(coordinator, tmp_path, 8, rounds=20,
                        extra={i: ["--step-record", str(records[i])] for i in range(8)})
     finally:
-        coordinator.stop()
+        coordinator.close()
     rounds = [[x for x in map(json.loads, path.read_text().splitlines()) if "state" in x] for path in records]
     events = sorted((x["time"], i, x["contributed"]) for i, node in enumerate(rounds) for x in node)
     contributed, truth = [0] * 8, []  # the true total after each node's round, in time order
@@ -266,11 +265,11 @@ def test_four_nodes_on_a_sharded_board_average_in_groups_of_their_shard(tmp_path
     cfg = tiny_config(corpus_file, averaging={"group_formation": "board_only", "board_shards": 2,
                                               "target_group_size": 2, "round_wait": 3.0,
                                               "state_averaging": state_averaging, "group_rounds": group_rounds})
-    coordinator = RunningCoordinator(tmp_path, cfg, zygote=node_zygote)
+    coordinator = Swarm(cfg, tmp_path, zygote=node_zygote).start()
     try:
         health, finals = train_together(coordinator, tmp_path, 4, rounds=4)
     finally:
-        coordinator.stop()
+        coordinator.close()
     assert all(f.round == 4 for f in finals), [f.round for f in finals]
     statuses = [json.loads((tmp_path / f"node-{i}" / "status.json").read_text()) for i in range(4)]
     # groups formed on the board, within shards: never matchmade, and never larger than a shard's share of 4. Not
@@ -295,13 +294,13 @@ def test_four_nodes_on_a_sharded_board_average_in_groups_of_their_shard(tmp_path
 
 def test_centered_clip_keeps_a_byzantine_node_from_wrecking_the_model(tmp_path, corpus_file, node_zygote):
     cfg = tiny_config(corpus_file, averaging={"aggregation": "centered_clip"})
-    coordinator = RunningCoordinator(tmp_path, cfg, zygote=node_zygote)
+    coordinator = Swarm(cfg, tmp_path, zygote=node_zygote).start()
     try:
         # node-2 sends its pseudo-gradient sign-flipped and scaled by 10: with a plain mean the average points
         # backwards (bench/byzantine.py shows the loss exploding); CenteredClip clips it to the honest ones
         health, finals = train_together(coordinator, tmp_path / "nodes", 3, extra={2: ["--attack", "sign_flip"]})
     finally:
-        coordinator.stop()
+        coordinator.close()
     # (that node-2 really sent corrupted updates is only in its log: no status reports a node's --attack)
     for other in finals[1:]:  # the attacker is still consistent: it applies what the group decoded
         for name, tensor in finals[0].tensors.items():

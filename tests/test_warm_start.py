@@ -10,12 +10,13 @@ import torch
 from cotrain.checkpoint import load_checkpoint, save_checkpoint
 from cotrain.exit_codes import ExitCode
 from cotrain.cli.launch import start_node, wait_for
+from cotrain.cli.local_swarm import Swarm
 from cotrain.models import build_model, initial_seed
 from cotrain.optim.schedule import Schedule, lr_factor
 from cotrain.client import CoordinatorClient
 from cotrain.warmstart import WarmStartError, fresh_parameters, shrink_perturb
 
-from tiny_swarm import RunningCoordinator, tiny_config
+from tiny_swarm import tiny_config
 
 
 def test_shrink_perturb_arithmetic():
@@ -51,23 +52,22 @@ def row(client, name):
 def decaying(tmp_path, corpus_file, node_zygote):
     """A coordinator whose run's lr falls with the swarm's samples from the first ones on (inverse sqrt after 64)."""
     cfg = tiny_config(corpus_file, schedule={"kind": "inverse_sqrt", "warmup_samples": 0, "timescale_samples": 64})
-    running = RunningCoordinator(tmp_path, cfg, zygote=node_zygote)
-    yield running
-    running.stop()
+    with Swarm(cfg, tmp_path, zygote=node_zygote) as running:
+        yield running
 
 
 @pytest.mark.swarm
 def test_third_node_holds_the_donors_state_before_its_first_step(decaying, tmp_path):
     coordinator = decaying
-    donors = [coordinator.start_node(f"donor-{i}", tmp_path / f"d{i}", extra=["--threads", "1", "--wait-peers", "2"])
-              for i in range(2)]
+    donors = [coordinator.start_node(f"donor-{i}", extra=["--threads", "1", "--wait-peers", "2"],
+                                     state_dir=tmp_path / f"d{i}") for i in range(2)]
     client = CoordinatorClient(coordinator.address, insecure=True)
     joiner = None
     try:
         wait_for(lambda: client.health().totals.global_round >= 3, 180, what="the swarm to make progress",
                  procs=donors + [coordinator.proc])
-        joiner = coordinator.start_node("joiner", tmp_path / "j",
-                                        extra=["--threads", "1", "--max-rounds", "0", "--max-steps", "3"])
+        joiner = coordinator.start_node("joiner", extra=["--threads", "1", "--max-rounds", "0", "--max-steps", "3"],
+                                        state_dir=tmp_path / "j")
         wait_for(lambda: not joiner.alive(), 120, what="the joiner to take three steps")
         assert joiner.stop(10) == 0, joiner.log()[-3000:]
         left = row(client, "joiner")
@@ -106,10 +106,10 @@ def test_third_node_holds_the_donors_state_before_its_first_step(decaying, tmp_p
 
 @pytest.mark.swarm
 def test_checkpoint_fallback_and_resume_with_the_same_identity(tmp_path, corpus_file, node_zygote):
-    running = RunningCoordinator(tmp_path, tiny_config(corpus_file), zygote=node_zygote)
+    running = Swarm(tiny_config(corpus_file), tmp_path, zygote=node_zygote).start()
     client = CoordinatorClient(running.address, insecure=True)
     try:
-        first = running.start_node("solo", tmp_path / "solo", extra=["--threads", "1"])
+        first = running.start_node("solo", extra=["--threads", "1"])
         wait_for(lambda: client.health().totals.latest_checkpoint_round >= 2, 120, what="a checkpoint of round 2",
                  procs=[first, running.proc])
         assert first.stop(30) == 0
@@ -117,7 +117,7 @@ def test_checkpoint_fallback_and_resume_with_the_same_identity(tmp_path, corpus_
         node_id = client.health().nodes[0].node_id
 
         # the same identity comes back: same node id, and it resumes where it stopped instead of starting over
-        again = running.start_node("solo", tmp_path / "solo", extra=["--threads", "1", "--max-steps", "2"])
+        again = running.start_node("solo", extra=["--threads", "1", "--max-steps", "2"])
         wait_for(lambda: not again.alive(), 120, what="the restarted node to finish")
         assert again.stop(10) == 0
         resumed = load_checkpoint(tmp_path / "solo" / "last.safetensors")  # 2 steps finish no round: as taken
@@ -127,15 +127,14 @@ def test_checkpoint_fallback_and_resume_with_the_same_identity(tmp_path, corpus_
 
         # a stranger with no state of its own and no peer takes the coordinator's checkpoint
         newest = running.checkpoints()[0]
-        stranger = running.start_node("stranger", tmp_path / "stranger",
-                                      extra=["--threads", "1", "--max-steps", "2"])
+        stranger = running.start_node("stranger", extra=["--threads", "1", "--max-steps", "2"])
         wait_for(lambda: not stranger.alive(), 120, what="the stranger to start")
         assert stranger.stop(10) == 0
         took = load_checkpoint(tmp_path / "stranger" / "last.safetensors")
         assert 2 <= took.round <= stopped.round and took.round == newest.round, (took.round, newest.round, stopped.round)
     finally:
         client.close()
-        running.stop()
+        running.close()
 
 
 @pytest.mark.swarm

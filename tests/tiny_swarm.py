@@ -1,17 +1,17 @@
-"""What the tests run a swarm with: a small generated corpus, a tiny run config, and a real coordinator process on
-127.0.0.1 (:class:`RunningCoordinator`). Test files import these; conftest.py holds only fixtures."""
+"""What the tests run a swarm with: a small generated corpus, a tiny run config, and peers in the test's own process.
+The swarm of real processes on 127.0.0.1 is :class:`cotrain.cli.local_swarm.Swarm`, the benches' too. Test files
+import these; conftest.py holds only fixtures."""
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 
 from cotrain.config import RunConfig
-from cotrain.coordinator.store import Store
-from cotrain.cli.launch import start_coordinator, start_node
+from cotrain.cli.local_swarm import swarm_config
+
 
 @contextmanager
 def exchanges(keys: Path, namespace: str, n: int = 3):
@@ -56,7 +56,9 @@ def make_text(n_bytes: int, seed: int = 0) -> str:
 
 
 def tiny_config(corpus: Path, **overrides) -> RunConfig:
-    base = dict(
+    """The tests' run: a tiny LSTM on the text file ``corpus`` on the CPU, rounds of 10 steps with short timeouts, a
+    constant lr; ``overrides`` add to it as :func:`~cotrain.cli.local_swarm.swarm_config` merges them."""
+    return swarm_config(dict(
         run={"name": "test", "seed": 1},
         model={"kind": "lstm", "embed_dim": 16, "hidden_size": 64, "num_layers": 1, "dropout": 0.0},
         data={"source": str(corpus), "seq_len": 32, "batch_size": 8},
@@ -68,31 +70,4 @@ def tiny_config(corpus: Path, **overrides) -> RunConfig:
         coordinator={"heartbeat_interval_s": 0.5, "lost_after_missed": 20, "checkpoint_interval_s": 2.0,
                      "eval_bytes": 8192, "unit_bytes": 16384},
         device="cpu",
-    )
-    for section, values in overrides.items():
-        base.setdefault(section, {}).update(values)
-    return RunConfig.from_dict(base)
-
-
-class RunningCoordinator:
-    """A coordinator process (forked from ``zygote`` when given) with a token for the tests' nodes."""
-
-    def __init__(self, tmp: Path, cfg: RunConfig, extra=(), zygote=None):
-        self.state_dir = tmp / "coordinator"
-        self.config_path = tmp / "run.toml"
-        self.config_path.write_text(cfg.to_toml())
-        self.cfg, self.zygote = cfg, zygote
-        self.token = Store(self.state_dir).create_token("tests")
-        self.proc, self.address = start_coordinator(self.state_dir, self.config_path, extra=extra, zygote=zygote)
-        self.info = json.loads((self.state_dir / "coordinator.json").read_text())
-
-    def stop(self) -> int:
-        return self.proc.stop(30)
-
-    def start_node(self, name: str, state_dir: Path, log_path=None, extra=()):
-        """``cotrain node join`` this coordinator with the tests' token, forked from the coordinator's zygote."""
-        return start_node(self.address, self.token, name, state_dir, log_path, extra=extra, zygote=self.zygote)
-
-    def checkpoints(self):
-        """The coordinator's CheckpointRows, newest first."""
-        return Store(self.state_dir).checkpoints()
+    ), overrides)

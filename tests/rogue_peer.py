@@ -155,7 +155,7 @@ def main() -> None:
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(torch.randn_like(p))  # a large contribution, then scaled x10 by the attack
-            strategy.round = max(p.round for p in members)
+            strategy.at.round = max(p.round for p in members)
             strategy.at.steps = strategy.at.samples = cfg.averaging.inner_steps
             strategy._average_with_group(strategy.strategy.contribution(), seen=len(members) + 1)
         result["refusals"] = exchange.refusals_received

@@ -33,6 +33,7 @@ from cotrain.node.data_plane import start_data_plane
 from cotrain.node.identity import NodeIdentity
 from cotrain.node.heartbeat import heartbeat_loop
 from cotrain.node.options import NodeOptions
+from cotrain.node.precision_step import StepPrecision
 from cotrain.node.report import Metrics, node_metrics, status_figures
 from cotrain.node.resume import save_last, warm_start
 from cotrain.node.status_file import StatusFile
@@ -182,6 +183,7 @@ class Node:
         opt_cfg = cfg.optimizer
         schedule = Schedule.from_config(cfg)
         averaging = self.averaging
+        precision = StepPrecision.for_run(cfg, device)  # and logs it with its reason
         logger.info("%s", lower_thread_priority(TRAINING_NICE))  # every thread the node needs runs already
 
         reader = UnitReader(task, self.client, self.stop, train_bytes)
@@ -239,17 +241,18 @@ class Node:
                 group["lr"] = lr
             if record is not None:
                 record.step(position.round, position.steps, at, lr)
-            loss, state, samples = task.step(model, batch, state, device)
+            with precision.autocast():
+                loss, state, samples = task.step(model, batch, state, device)
             optimizer.zero_grad(set_to_none=True)
+            # the step's one wait for the device (fp16 adds its overflow check): whether the loss is finite decides
+            # the update. No other wait: the backward and optimizer step run on while the next batch is read
             value = loss.item()
-            if math.isfinite(value):
-                loss.backward()
-                averaging.local_step()
-            else:
+            if not math.isfinite(value):
                 logger.warning("step %d: loss is %s; update dropped", self.metrics.step, value)
+            elif not precision.backward_and_step(loss, optimizer, averaging.local_step):
+                logger.info("step %d: fp16 gradients overflowed; update dropped, loss scale now %g",
+                            self.metrics.step, precision.scale())
             state = model.detach_state(state)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
             if self.options.step_delay:  # a straggler for benches and tests: counted as compute, like a slow CPU
                 self.stop.wait(self.options.step_delay)
             unit_samples += samples

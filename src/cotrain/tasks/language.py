@@ -61,8 +61,10 @@ class LanguageTask:
     def step(self, model, batch, state, device) -> tuple[torch.Tensor, object, int]:
         """-> (loss, carried state, samples)"""
         x, y = batch
-        logits, state = model(x.to(device), state)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten())
+        # non_blocking: the copy to a CUDA device need not wait for the previous step's backward to finish (the
+        # batch, in pageable memory, is staged before the call returns: safe to reuse); a no-op on a CPU
+        logits, state = model(x.to(device, non_blocking=True), state)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.to(device, non_blocking=True).flatten())
         return loss, state, x.shape[0]
 
     def evaluate(self, model, corpus: Optional[Corpus], max_bytes: int = 0,

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from cotrain.config import RunConfig
 from cotrain.models import LinearRecurrentLM, build_model, generate
-from cotrain.models.linear_rnn import CHUNK, linear_scan
+from cotrain.models.scan import CHUNK, linear_scan
 
 KINDS = ("lru", "hgrn2", "mingru")
 SMALL = dict(embed_dim=8, hidden_size=16, num_layers=2, dropout=0.0, state_size=12, expand_ratio=4, mlp_ratio=2)

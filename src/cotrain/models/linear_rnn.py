@@ -3,7 +3,8 @@
 All three keep the recurrence linear in the state, h_t = a_t * h_{t-1} + b_t, with a_t and b_t computed from the
 input alone. Training therefore needs no step-by-step loop through a nonlinear cell: the projections run as a few
 large matrix products over the whole (batch x time) block, and the recurrence itself is a cheap elementwise scan
-(:func:`linear_scan`). Generation still steps one byte at a time with the carried state, like an LSTM.
+(:func:`linear_scan`), or for HGRN2's matrix-valued state, chunked linear attention (:func:`hgrn2_recurrence`).
+Generation still steps one byte at a time with the carried state, like an LSTM.
 
 - ``lru``: Linear Recurrent Unit, Orvieto et al. 2023, "Resurrecting Recurrent Neural Networks for Long
   Sequences" (arXiv:2303.06349).
@@ -24,136 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cotrain.models.hgrn2_recurrence import hgrn2_recurrence
 from cotrain.models.rnn_lm import VOCAB_SIZE, ByteLanguageModel
+from cotrain.models.scan import at_least_float32 as _at_least_float32, linear_scan
 
 KINDS = ("lru", "hgrn2", "mingru")
-
-#: time steps per chunk of the scan. The scan walks the CHUNK positions of every chunk at once (one elementwise op
-#: per position over batch x chunks x features), then carries the chunk ends across chunks: about CHUNK + T/CHUNK
-#: small ops instead of T, and 4-5 passes over memory instead of the 4 log2(T) of a Hillis-Steele scan.
-#: At T = 128, 16 and 8 are equally good on 2 CPU cores; 16 keeps fewer ops at longer sequences.
-CHUNK = 16
-
-
-# ---- the scan ------------------------------------------------------------------------------------------------------
-
-def _scan(a: torch.Tensor, b: torch.Tensor, h0, reverse: bool = False) -> torch.Tensor:
-    """h_t = a_t h_{t-1} + b_t over dim 1 (reverse: h_t = a_t h_{t+1} + b_t, from the end), without autograd.
-
-    a has b's number of dims and broadcasts to it (size 1 in time: the same at every step); h0 is
-    (batch, *features) or None (zeros). Chunked: within each chunk, scan from zero while keeping the running product
-    of a; carry the chunk ends across the chunks; add each chunk's incoming state times the running product. Every
-    product is of factors with |a| <= 1 in our cores, so nothing overflows and no division is needed."""
-    T = b.shape[1]
-    dtype = torch.promote_types(a.dtype, b.dtype)
-    if h0 is not None:
-        dtype = torch.promote_types(dtype, h0.dtype)
-    out = torch.empty(b.shape, dtype=dtype, device=b.device)
-    a = a.expand((a.shape[0], T) + tuple(a.shape[2:]))  # stride 0 in time when constant: no copy
-    n = T // CHUNK
-    if n < 2:  # short sequences (and single-step sampling): a plain loop is fewer ops
-        return _scan_loop(a, b, h0, out, range(T - 1, -1, -1) if reverse else range(T))
-    length = n * CHUNK
-    lo = T - length if reverse else 0  # the chunked region; the remainder goes through the loop afterwards
-    ac = a[:, lo:lo + length].unflatten(1, (n, CHUNK))  # splitting a dim: always a view
-    bc = b[:, lo:lo + length].unflatten(1, (n, CHUNK))
-    oc = out[:, lo:lo + length].unflatten(1, (n, CHUNK))
-    # product of a from the chunk's start up to t, at a's own (unbroadcast) size: small when a is shared
-    prod = torch.empty(ac.shape, dtype=a.dtype, device=b.device)
-    order = range(CHUNK - 1, -1, -1) if reverse else range(CHUNK)
-    first = order[0]
-    oc[:, :, first] = bc[:, :, first]
-    prod[:, :, first] = ac[:, :, first]
-    prev = first
-    for t in order[1:]:
-        torch.addcmul(bc[:, :, t], ac[:, :, t], oc[:, :, prev], out=oc[:, :, t])
-        torch.mul(prod[:, :, prev], ac[:, :, t], out=prod[:, :, t])
-        prev = t
-    # the state entering each chunk: a short sequential scan over the chunk ends
-    carry = torch.empty((b.shape[0], n) + tuple(b.shape[2:]), dtype=dtype, device=b.device)
-    h = h0
-    for k in (range(n - 1, -1, -1) if reverse else range(n)):
-        if h is None:
-            carry[:, k] = 0
-            h = oc[:, k, prev].clone()  # oc is updated in place below
-        else:
-            carry[:, k] = h
-            h = torch.addcmul(oc[:, k, prev], prod[:, k, prev], h)
-    oc.addcmul_(prod, carry.unsqueeze(2))
-    rest = range(lo - 1, -1, -1) if reverse else range(length, T)
-    return _scan_loop(a, b, h, out, rest)
-
-
-def _scan_loop(a, b, h, out, steps) -> torch.Tensor:
-    for t in steps:
-        if h is None:
-            out[:, t] = b[:, t]
-        else:
-            torch.addcmul(b[:, t], a[:, t], h, out=out[:, t])
-        h = out[:, t]
-    return out
-
-
-class _LinearScan(torch.autograd.Function):
-    """Autograd for the scan: the backward pass is the same recurrence run backwards in time,
-    g_t = dL/dh_t + conj(a_{t+1}) g_{t+1}, so da_t = g_t conj(h_{t-1}), db_t = g_t, dh0 = conj(a_1) g_1.
-    One node instead of one per elementwise op, and only the outputs are kept for backward."""
-
-    @staticmethod
-    def forward(ctx, a, b, h0):
-        out = _scan(a, b, h0)
-        ctx.save_for_backward(a, h0, out)
-        ctx.b_shape, ctx.b_dtype = b.shape, b.dtype
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        a, h0, out = ctx.saved_tensors
-        # coefficient of g_{t+1} in g_t is conj(a_{t+1}); the last step's coefficient meets a zero state
-        if a.shape[1] == 1:
-            coef = a.conj()
-        else:
-            coef = torch.cat([a[:, 1:], torch.zeros_like(a[:, :1])], dim=1).conj()
-        g = _scan(coef, grad, None, reverse=True)
-        grad_a = grad_b = grad_h0 = None
-        if ctx.needs_input_grad[0]:
-            da = torch.empty_like(g)
-            torch.mul(g[:, 1:], out[:, :-1].conj(), out=da[:, 1:])
-            if h0 is None:
-                da[:, 0] = 0
-            else:
-                torch.mul(g[:, 0], h0.conj(), out=da[:, 0])
-            if not a.is_complex() and da.is_complex():
-                da = da.real
-            grad_a = da.sum_to_size(a.shape)
-        if ctx.needs_input_grad[1]:
-            grad_b = g.real if (g.is_complex() and not ctx.b_dtype.is_complex) else g
-            grad_b = grad_b.sum_to_size(ctx.b_shape)
-        if h0 is not None and ctx.needs_input_grad[2]:
-            grad_h0 = g[:, 0] * a[:, 0].conj()
-            if not h0.is_complex() and grad_h0.is_complex():
-                grad_h0 = grad_h0.real
-            grad_h0 = grad_h0.sum_to_size(h0.shape)
-        return grad_a, grad_b, grad_h0
-
-
-def linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None = None) -> torch.Tensor:
-    """All states of h_t = a_t * h_{t-1} + b_t over dim 1 (time): b is (batch, time, *features), a broadcasts to
-    b (e.g. (1, 1, features) for a recurrence that is the same at every step), h0 is (batch, *features) or None
-    for zeros. Real or complex. Returns h (batch, time, *features); the last state is h[:, -1].
-
-    Computed with a chunked parallel scan (see :data:`CHUNK`) and differentiable through a backward scan. Stable
-    for |a| <= 1: it multiplies coefficients together but never divides by their products (as the cumulative
-    product / cumulative sum formulation does, which underflows after a few hundred steps of a = 0.9)."""
-    if a.dim() < b.dim():
-        a = a.reshape((1,) * (b.dim() - a.dim()) + tuple(a.shape))
-    if b.dim() < 2:
-        raise ValueError(f"linear_scan: b must be (batch, time, ...), got shape {tuple(b.shape)}")
-    # under CPU autocast the projections come out in bfloat16: the state accumulates over hundreds of steps, so it
-    # is kept in float32 whatever the matmuls use
-    a, b = _at_least_float32(a), _at_least_float32(b)
-    return _LinearScan.apply(a, b, h0)
-
 
 # ---- dropout ----------------------------------------------------------------------------------------------------
 
@@ -177,10 +53,6 @@ class Dropout(nn.Dropout):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dropout(x, self.p, self.training)
-
-
-def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 # ---- the recurrent layers ------------------------------------------------------------------------------------------
@@ -229,7 +101,10 @@ class HGRN2Layer(nn.Module):
     the input gate 1 - f_t used as the key of an outer-product state
     h_t = diag(f_t) h_{t-1} + (1 - f_t) v_t^T  (expand x expand per head), read out with o_t = q_t^T h_t, then
     y = W_o(norm(o) * silu(W_g x)) (the output gate). Tying the input gate to the forget gate is what lets HGRN2
-    expand the state without new parameters: a linear-attention-like memory at the cost of a gated RNN."""
+    expand the state without new parameters: a linear-attention-like memory at the cost of a gated RNN.
+
+    The recurrence runs chunkwise (:func:`hgrn2_recurrence`): the expand x expand state is formed only at chunk
+    boundaries, never for every step. The carried state is the last h_t, (batch, heads, expand, expand)."""
 
     def __init__(self, hidden_size: int, expand_ratio: int):
         super().__init__()
@@ -243,12 +118,8 @@ class HGRN2Layer(nn.Module):
         q, f, v, g = self.proj(x).chunk(4, dim=-1)
         f = lower_bound + (1 - lower_bound) * torch.sigmoid(f)
         heads = (batch, time, self.heads, self.expand)
-        f, q, v = f.reshape(heads), q.reshape(heads), v.reshape(heads)
-        # states (batch, time, heads, key, value); keeping all of them costs batch x time x hidden x expand floats
-        # (33 MB a layer at 32 x 128 x 256 x 8), and lets the scan stay elementwise
-        h = linear_scan(f.unsqueeze(-1), ((1 - f).unsqueeze(-1) * v.unsqueeze(-2)), h0)
-        o = (q.unsqueeze(-2) @ h).flatten(2)  # q_t^T h_t per head, as a batched matmul
-        return self.out(self.norm(o) * F.silu(g)), h[:, -1]
+        o, h = hgrn2_recurrence(q.reshape(heads), f.reshape(heads), v.reshape(heads), h0)
+        return self.out(self.norm(o.flatten(2)) * F.silu(g)), h
 
 
 class MinGRULayer(nn.Module):

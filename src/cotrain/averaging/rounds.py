@@ -72,11 +72,10 @@ class RoundAverager:
                  ports: Optional[Ports] = None):
         """``ports``: the board, exchange and matchmaker this peer's rounds use (cotrain.averaging.ports); None: a
         node's, built on ``dht``."""
-        self.strategy, self.dht, self.cfg, self.run_id = strategy, dht, cfg, run_id
+        self.strategy, self.dht, self.cfg, self.peer_id = strategy, dht, cfg, peer_id
         #: nobody can dial this peer: it reduces no part of an all-reduce (its groupmates behind NAT could not
         #: fetch it)
         self.client_mode = client_mode
-        self.compression, self.peer_id = compression, peer_id
         self.params = [p for p in model.parameters()]
         self.param_names = [n for n, _ in model.named_parameters()]
         #: a bench's liar: it says this many times the samples it trained on (honest peers: 1)

@@ -76,5 +76,7 @@ def status_figures(metrics: pb.NodeMetrics, m: Metrics, a: RoundAverager) -> dic
     process took (``cpu_s``) and with what it started (``cpu_tree_s``: its DHT process and libp2p daemon), read with
     the figures: a bench divides them by the rounds between two snapshots."""
     own, tree = cpu_seconds(os.getpid())
+    with m.lock:  # one step's pair: ``metrics`` was read before, and the training loop has taken steps since
+        lr, lr_samples = m.lr, m.lr_samples
     return dict(message_to_dict(metrics), time=time.time(), pid=os.getpid(), cpu_s=own, cpu_tree_s=tree,
-                lr_samples=m.lr_samples, contributed=a.tally.contributed, swarm_view=a.tally.swarm_view())
+                lr=lr, lr_samples=lr_samples, contributed=a.tally.contributed, swarm_view=a.tally.swarm_view())

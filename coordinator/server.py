@@ -36,6 +36,7 @@ from cotrain.coordinator.fleet import Fleet, FleetSizeError, ManagedNodeSpec, Ra
 from cotrain.coordinator.reachability import Prober
 from cotrain.coordinator.service import CoordinatorService, RunInfo, SwarmSummary
 from cotrain.coordinator.store import StateDirError, Store
+from cotrain.coordinator.validation import Validator
 from cotrain.coordinator.web import WebServer
 from cotrain.coordinator.wire import add_service
 from cotrain.coordinator.workunits import plan_ranges
@@ -141,6 +142,24 @@ def start_fleet(options: CoordinatorOptions, resources: RayResources) -> Fleet:
     return fleet
 
 
+def start_validator(cfg: RunConfig, run_id: str, corpus: Optional[Corpus], ranges, units) -> Optional[Validator]:
+    """verification.enabled: the validator of the run's contributions, started (None: verification is off, or the
+    run's model has no corpus to score on). ``units()``: the pool's units now; a node's own are the two it was
+    given last."""
+    if not cfg.verification.enabled or corpus is None:
+        if cfg.verification.enabled:
+            logger.warning("verification: world models are not checked yet (their loss score needs rollouts)")
+        return None
+
+    def own_units(node_id: str) -> list[tuple[int, int]]:
+        mine = sorted((u for u in list(units()) if u.holder == node_id), key=lambda u: u.deadline, reverse=True)
+        return [(u.start, u.end) for u in mine[:2]]
+
+    validator = Validator(cfg, run_id, corpus, own_units, ranges)
+    validator.start()
+    return validator
+
+
 async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
     host, port = parse_address(options.listen, "--listen")
     resources = None
@@ -185,7 +204,8 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
                   seed=cfg.run.seed, byte_counts=corpus.byte_counts() if corpus is not None else [],
                   forget_after_s=cfg.coordinator.forget_after_s)
     prober = Prober()
-    service = CoordinatorService(store, run, summary, issuer, prober, publish_revocations)
+    validator = start_validator(cfg, run_id, corpus, run.unit_ranges, lambda: service.units.units.values())
+    service = CoordinatorService(store, run, summary, issuer, prober, publish_revocations, validator=validator)
     fleet = None if resources is None else start_fleet(options, resources)
     checkpointer = Checkpointer(cfg, run_id, model, exchange, board, store, summary, evaluator_for(cfg, fleet, corpus=corpus))
 
@@ -300,6 +320,9 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
                  "the checkpointer": asyncio.to_thread(checkpointer.join, 30)}
         if web is not None:
             steps["the dashboard"] = asyncio.to_thread(web.stop)
+        if validator is not None:
+            validator.stop()
+            steps["the validator"] = asyncio.to_thread(validator.join, 10)
         if fleet is not None:
             steps["the managed nodes and Ray"] = asyncio.to_thread(fleet.shutdown)
         for what, outcome in zip(steps, await asyncio.gather(*steps.values(), return_exceptions=True)):

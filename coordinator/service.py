@@ -33,6 +33,8 @@ from cotrain.coordinator.ratelimit import RateLimiter, peer_address
 from cotrain.coordinator.store import NodeRecord, PeerRecord, Store, hash_secret
 from cotrain.coordinator.swarm_health import SwarmSummary, swarm_health
 from cotrain.coordinator.unit_pool import UnitPool
+from cotrain.coordinator.evidence_intake import take_evidence
+from cotrain.coordinator.validation import Candidate, Validator
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +83,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     def __init__(self, store: Store, run: RunInfo, summary: SwarmSummary, issuer: Issuer, prober: Prober,
                  publish_revocations: Callable[[bytes], None] = lambda signed: None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, validator: Optional[Validator] = None):
         self.store, self.run, self.summary, self.clock = store, run, summary, clock
         self.issuer, self.prober, self.publish_revocations = issuer, prober, publish_revocations
         self.peers: dict[str, PeerRecord] = store.load_peers()
@@ -95,6 +97,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.heartbeat_limiter = RateLimiter(*run.heartbeat_limit)
         self.units = UnitPool(store, run.unit_ranges, run.unit_deadline_s)
         self.started = clock()
+        #: verification.enabled: checks sampled contributions, and names the nodes to suspend
+        self.validator = validator
 
     # ---- helpers -------------------------------------------------------------------------------------------------
     def _views(self) -> list[NodeView]:
@@ -224,6 +228,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         """Revoke the credentials of every node whose token was revoked (the operator's ``token revoke`` writes
         the store; the server calls this every second). True when the revocation list changed."""
         revoked = nodes_to_revoke(self._revoked_tokens(), ((n.node_id, n.token_name) for n in self.nodes.values()))
+        if self.validator is not None:
+            revoked |= self.validator.suspended()
         if not self.issuer.revoke(revoked):
             return False
         self.publish_revocations(self.issuer.signed_revocations)
@@ -255,9 +261,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         if node.left:
             return pb.HeartbeatResponse(command=pb.DRAIN, reason="this node left the swarm; join again")
         if node.node_id in self.issuer.revoked:
-            return pb.HeartbeatResponse(command=pb.DRAIN, reason="this node's token was revoked",
-                                        revocations=self.issuer.signed_revocations)
+            why = "this node failed the checks of its contributions" if node.node_id in (
+                self.validator.suspended() if self.validator else ()) else "this node's token was revoked"
+            return pb.HeartbeatResponse(command=pb.DRAIN, reason=why, revocations=self.issuer.signed_revocations)
         response = pb.HeartbeatResponse(command=pb.CONTINUE, reason="ok")
+        if self.validator is not None and request.evidence_round:
+            response.evidence_round = self.validator.wants(node.node_id, request.evidence_round)
         peer = self.peers.get(node.node_id)
         if peer is not None and needs_renewal(self.issued.get(node.node_id, 0.0), now, self.issuer.ttl):
             response.credential = self.issuer.issue(node.node_id, peer.peer_id, peer.record_key)
@@ -266,6 +275,16 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             response.revocations = self.issuer.signed_revocations
             self.revocations_sent[node.node_id] = self.issuer.version
         return response
+
+    async def SubmitEvidence(self, requests, context) -> pb.SubmitEvidenceResponse:
+        return await take_evidence(requests, context, validator=self.validator, session=self._session,
+                                   who=self._candidate)
+
+    def _candidate(self, node_id: str) -> Optional[Candidate]:
+        node, peer = self.nodes.get(node_id), self.peers.get(node_id)
+        if node is None or peer is None:
+            return None
+        return Candidate(node_id, node.token_name, peer.peer_id, peer.record_key)
 
     async def Leave(self, request: pb.LeaveRequest, context) -> pb.LeaveResponse:
         node = await self._session(request.node_id, request.session, context)
@@ -338,4 +357,5 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         now = self.clock()
         return swarm_health(now, run_id=self.run.run_id, heartbeat_interval=self.run.heartbeat_interval,
                             lost_after_missed=self.run.lost_after_missed, summary=self.summary, nodes=self.nodes,
-                            views=self._views(), peers=self.peers, rates=self.rates, units=self.units)
+                            views=self._views(), peers=self.peers, rates=self.rates, units=self.units,
+                            verdicts=self.validator.verdicts() if self.validator is not None else None)

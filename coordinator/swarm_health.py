@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 from cotrain.v1 import coordinator_pb2 as pb
 
@@ -17,6 +17,7 @@ from cotrain.coordinator.membership import NodeView, node_state, swarm_alerts
 from cotrain.coordinator.node_metrics import metrics_message
 from cotrain.coordinator.store import NodeRecord, PeerRecord
 from cotrain.coordinator.unit_pool import UnitPool
+from cotrain.coordinator.validation import NodeVerdict
 
 
 @dataclass
@@ -34,9 +35,10 @@ class SwarmSummary:
 def swarm_health(now: float, *, run_id: str, heartbeat_interval: float, lost_after_missed: int,
                  summary: SwarmSummary, nodes: Mapping[str, NodeRecord], views: Sequence[NodeView],
                  peers: Mapping[str, PeerRecord], rates: Mapping[str, tuple[float, int, float]],
-                 units: UnitPool) -> pb.SwarmHealth:
+                 units: UnitPool, verdicts: Optional[Mapping[str, NodeVerdict]] = None) -> pb.SwarmHealth:
     """The swarm at ``now``. ``views`` are ``nodes``' views, in the same order; ``rates`` is each node's
-    (time, bytes_sent, bytes/s) at its last heartbeat."""
+    (time, bytes_sent, bytes/s) at its last heartbeat; ``verdicts``: the validator's, by node (verification)."""
+    verdicts = verdicts or {}
     rows, states = [], []
     by_peer = names_by_peer(nodes)
     totals = pb.SwarmTotals(val_loss=summary.val_loss, val_bpc=summary.val_bpc, val_round=summary.val_round,
@@ -54,6 +56,11 @@ def swarm_health(now: float, *, run_id: str, heartbeat_interval: float, lost_aft
                                   units=[u.name for u in units.held_by(node.node_id)],
                                   reachability=peers[node.node_id].reachability if node.node_id in peers else "",
                                   groupmates=[by_peer.get(p, f"peer ...{p[-8:]}") for p in m.last_group]))
+        verdict = verdicts.get(node.node_id)
+        if verdict is not None:
+            rows[-1].verification.CopyFrom(pb.Verification(checks=verdict.checks, failed=verdict.fails,
+                                                            reputation=verdict.score, suspended=verdict.suspended,
+                                                            reason=verdict.reason))
         if online:
             totals.nodes_online += 1
             totals.samples_per_s += m.samples_per_s

@@ -29,11 +29,12 @@ FOOTPRINT_EVERY_S = 15.0
 
 def heartbeat_loop(interval: float, *, stop: threading.Event, metrics: Metrics, report: Callable[[], pb.NodeMetrics],
                    client, admission: Admission, on_revocations: Callable[[], None],
-                   request_stop: Callable[[str], None], max_memory: int = 0) -> None:
+                   request_stop: Callable[[str], None], max_memory: int = 0, evidence=None) -> None:
     """Until ``stop``: a heartbeat every ``interval`` seconds with ``report()``. It asks the node to stop
     (``request_stop``) when the coordinator says drain, when it no longer knows this node, and when the node's
     processes use more than ``max_memory`` bytes (0: no limit); ``on_revocations``: the revocations it got changed
-    what this node knows."""
+    what this node knows; ``evidence``: this node's EvidenceKeeper (verification.enabled), whose latest round each
+    heartbeat names and whose evidence it uploads when the answer asks (None: none kept)."""
     outage = Outage("heartbeat", logger)
     measured = -math.inf
     while not stop.wait(interval):
@@ -47,7 +48,7 @@ def heartbeat_loop(interval: float, *, stop: threading.Event, metrics: Metrics, 
                 break
         try:
             sent = time.monotonic()
-            response = client.heartbeat(report())
+            response = client.heartbeat(report(), evidence.latest() if evidence is not None else 0)
             with metrics.lock:
                 metrics.heartbeat_ms = (time.monotonic() - sent) * 1e3
         except grpc.RpcError as e:  # keep training while the coordinator is away; the swarm does not need it
@@ -64,5 +65,21 @@ def heartbeat_loop(interval: float, *, stop: threading.Event, metrics: Metrics, 
         admission.set_credential(response.credential)
         if admission.apply_revocations(response.revocations):
             on_revocations()
+        if evidence is not None and response.evidence_round:
+            upload_evidence(client, evidence, response.evidence_round, outage)
         if response.command == pb.DRAIN:
             request_stop(f"coordinator asked to drain: {response.reason}")
+
+
+def upload_evidence(client, evidence, round_number: int, outage: Outage) -> None:
+    """Send the evidence of ``round_number`` the coordinator asked for (nothing when it is no longer kept)."""
+    data = evidence.encoded(round_number)
+    if data is None:
+        return
+    try:
+        answer = client.submit_evidence(round_number, data)
+    except grpc.RpcError as e:  # the validator asks again for a later round
+        outage.failed(e, action="training on")
+        return
+    if not answer.accepted:
+        logger.info("the coordinator did not take the evidence of round %d: %s", round_number, answer.reason)

@@ -29,6 +29,7 @@ from cotrain.optim.schedule import Schedule, lr_factor
 from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
+from cotrain.verification.evidence import EvidenceKeeper
 from cotrain.node.data_plane import start_data_plane
 from cotrain.node.identity import NodeIdentity
 from cotrain.node.heartbeat import heartbeat_loop
@@ -76,6 +77,7 @@ class Node:
         self.work = WorkQueue(self.client, self.stop)
         self.paused = False
         self.averaging: Optional[RoundAverager] = None
+        self.evidence: Optional[EvidenceKeeper] = None
         self.admission: Optional[Admission] = None
         self.identity = NodeIdentity(options.state_dir, options.coordinator)
 
@@ -142,11 +144,15 @@ class Node:
                                      name="heartbeat", daemon=True)
         opt_cfg = cfg.optimizer
         optimizer = build_optimizer(model, opt_cfg)
+        # verification.enabled: each round's evidence, kept for the coordinator's validator
+        self.evidence = (EvidenceKeeper(record_key, response.run.run_id, str(dht.peer_id))
+                         if cfg.verification.enabled else None)
         try:
             self.averaging = build_strategy(model, optimizer, dht, response.run.run_id, cfg, peer_id=str(dht.peer_id),
                                             admission=self.admission, client_mode=client_mode,
                                             upload_bps=opts.max_upload_mbps * 1e6, record_key=record_key,
-                                            attack=opts.attack, overclaim=opts.claim_multiple)
+                                            attack=opts.attack, overclaim=opts.claim_multiple,
+                                            evidence=self.evidence)
             if opts.attack:
                 logger.warning("BYZANTINE: this node sends %s-corrupted updates (--attack)", opts.attack)
             if opts.claim_multiple > 1:
@@ -332,4 +338,4 @@ class Node:
 
         heartbeat_loop(interval, stop=self.stop, metrics=self.metrics, report=self.node_metrics, client=self.client,
                        admission=self.admission, on_revocations=revocations_changed, request_stop=self.request_stop,
-                       max_memory=self.options.max_memory)
+                       max_memory=self.options.max_memory, evidence=self.evidence)

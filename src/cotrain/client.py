@@ -21,6 +21,9 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: evidence goes up in chunks of this size (a model's is 8 bytes a parameter: megabytes)
+EVIDENCE_CHUNK_BYTES = 1 << 20
+
 #: errors worth retrying: the coordinator is restarting or the link dropped
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
@@ -140,10 +143,12 @@ class CoordinatorClient:
         return self._retry(lambda: self.stub.RegisterPeer(request, timeout=self.rpc_timeout + 10.0), "register peer",
                            give_up_after)
 
-    def heartbeat(self, metrics: pb.NodeMetrics) -> pb.HeartbeatResponse:
+    def heartbeat(self, metrics: pb.NodeMetrics, evidence_round: int = 0) -> pb.HeartbeatResponse:
         """One heartbeat on this node's heartbeat stream (opened on first use, and again after it broke); raises
-        grpc.RpcError when the coordinator does not answer within ``rpc_timeout``."""
-        request = pb.HeartbeatRequest(node_id=self.node_id, session=self.session, metrics=metrics)
+        grpc.RpcError when the coordinator does not answer within ``rpc_timeout``. ``evidence_round``: the latest
+        round whose evidence this node keeps for a validator (0: none)."""
+        request = pb.HeartbeatRequest(node_id=self.node_id, session=self.session, metrics=metrics,
+                                      evidence_round=evidence_round)
         with self._lock:
             if self._heartbeats is None:
                 self._heartbeats = HeartbeatStream(self.stub)
@@ -205,6 +210,15 @@ class CoordinatorClient:
             logger.warning("the coordinator's checkpoint arrived corrupt (sha256 mismatch); not used")
             return None
         return bytes(out)
+
+    def submit_evidence(self, round_number: int, data: bytes, timeout: float = 60.0) -> pb.SubmitEvidenceResponse:
+        """Upload the evidence of ``round_number`` that a heartbeat's answer asked for, in chunks."""
+        def chunks():
+            yield pb.EvidenceChunk(node_id=self.node_id, session=self.session, round=round_number)
+            for at in range(0, len(data), EVIDENCE_CHUNK_BYTES):
+                yield pb.EvidenceChunk(data=data[at:at + EVIDENCE_CHUNK_BYTES])
+
+        return self.stub.SubmitEvidence(chunks(), timeout=timeout)
 
     def health(self) -> pb.SwarmHealth:
         return self.stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=self.rpc_timeout)

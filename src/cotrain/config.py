@@ -398,6 +398,24 @@ class CoordinatorConfig(_Section):
     data_plane_auth: bool = True
 
 
+class VerificationConfig(_Section):
+    """The coordinator checks sampled contributions (docs/design/verification.md): a node keeps the evidence of its
+    last rounds (the round's global parameters, its contribution, its signed commitment) and uploads a round's when
+    asked; the coordinator scores it by the loss it lowers on the node's own work units and on a random unit, keeps
+    each node's reputation, and revokes a node that keeps failing."""
+
+    enabled: bool = False
+    #: the chance that a node's latest round is checked when it offers it (about once a round: rounds are longer
+    #: than a heartbeat). Each check costs the node an upload of 8 bytes a parameter and the coordinator four forward
+    #: passes over ``score_windows`` windows
+    sample_rate: float = Field(0.5, gt=0.0, le=1.0)
+    #: windows of seq_len bytes, spread evenly over the units, each loss is measured on
+    score_windows: int = Field(32, ge=1, le=4096)
+    #: the outer step along the contribution that is scored: params - score_step x contribution. 1 is the node's
+    #: own local model; a shorter step keeps an honest update's gain positive where the full step overshoots
+    score_step: float = Field(0.5, gt=0.0, le=10.0)
+
+
 class WarmStartConfig(_Section):
     """Start a new run from an old run's checkpoint, with shrink and perturb (Ash and Adams 2020): every
     parameter becomes ``shrink * theta + perturb * epsilon``, epsilon from the model's initializer. shrink 1 and
@@ -419,6 +437,7 @@ class RunConfig(ConfigFile, _Section):
     compression: CompressionConfig = CompressionConfig()
     coordinator: CoordinatorConfig = CoordinatorConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
+    verification: VerificationConfig = VerificationConfig()
     #: torch device for training: "cpu", "cuda", "cuda:1", or "auto" (cuda when present)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
     #: the training step's arithmetic. "fp32"; "bf16" or "fp16": the forward pass under torch.autocast on CUDA

@@ -16,8 +16,10 @@ import grpc
 #: every group, cotrain.averaging.ledger), and the board refuses records without it
 #: 6: a reduced part carries the weight its reducer credited each member's contribution with
 #: (cotrain.averaging.work); a node of version 5 would read those bytes as the part's values
-PROTOCOL_VERSION = 6
-SUPPORTED_PROTOCOL_VERSIONS = (6,)
+#: 7: a node keeps the evidence of its last rounds, names the latest in its heartbeats and uploads one when the
+#: answer asks (SubmitEvidence, verification.enabled); a node of version 6 would never be checked
+PROTOCOL_VERSION = 7
+SUPPORTED_PROTOCOL_VERSIONS = (7,)
 
 #: a node's reachability, as the coordinator found it when it dialled the node's DHT address (RegisterPeer)
 PUBLIC, DIAL_OUT_ONLY = "public", "dial-out only"

@@ -88,6 +88,11 @@ def health_table(health: pb.SwarmHealth):
         f"{t.units_pending} pending, {t.units_reissued} reissued" + (f" ({t.scheduling_reason})"
                                                                       if t.scheduling_reason else ""),
     ]
+    checked = [n for n in health.nodes if n.HasField("verification")]
+    for node in checked:  # verification: what the coordinator's checks found, in words
+        v = node.verification
+        lines.append(f"checks of {node.node_name}: {v.checks - v.failed}/{v.checks} passed, reputation "
+                     f"{v.reputation:.2f}" + (", SUSPENDED" if v.suspended else "") + f": {v.reason}")
     parts = [table, Text("\n".join(lines))]
     if health.alerts:
         parts.append(Text("\n".join(f"! {a}" for a in health.alerts), style="yellow"))

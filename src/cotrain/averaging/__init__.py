@@ -26,7 +26,7 @@ __all__ = [
 
 def build_strategy(model, optimizer, dht, run_id: str, cfg, peer_id: str, admission: Admission,
                    client_mode: bool = False, upload_bps: float = 0.0, record_key=None,
-                   attack: str = "", overclaim: float = 1.0, ports=None) -> RoundAverager:
+                   attack: str = "", overclaim: float = 1.0, ports=None, evidence=None) -> RoundAverager:
     """The averaging strategy of a run config (:class:`cotrain.config.RunConfig`); ``upload_bps`` > 0 caps what
     this peer sends to others, in bits per second; ``record_key`` signs this peer's DHT records (see
     :func:`load_record_key`); ``admission`` checks the peers this one deals with and presents its credential
@@ -34,7 +34,8 @@ def build_strategy(model, optimizer, dht, run_id: str, cfg, peer_id: str, admiss
     benches and tests of robust aggregation only; ``overclaim`` > 1 makes it claim that many times the samples it
     trained on (benches of weights by work, :mod:`cotrain.averaging.work`); ``ports``: the board, exchange and
     matchmaker to use instead of the node's on ``dht`` (:mod:`cotrain.averaging.ports`; tests:
-    :class:`cotrain.averaging.testing.MemorySwarm`)."""
+    :class:`cotrain.averaging.testing.MemorySwarm`); ``evidence``: keeps each round's evidence for a validator
+    (:class:`cotrain.verification.evidence.EvidenceKeeper`; DiLoCo only, whose contribution is one round's work)."""
     cls = SyncAveraging if cfg.averaging.strategy == "sync" else DiLoCo
     strategy = cls(model, optimizer, cfg.averaging, cfg.optimizer.grad_clip)
     schedule = Schedule.from_config(cfg)
@@ -42,4 +43,5 @@ def build_strategy(model, optimizer, dht, run_id: str, cfg, peer_id: str, admiss
     return RoundAverager(strategy, model, dht, run_id, cfg.averaging, cfg.compression, peer_id,
                          admission=admission, client_mode=client_mode, seed=cfg.run.seed, upload_bps=upload_bps,
                          record_key=record_key, attack=attack, step_samples=cfg.data.batch_size,
-                         outer_lr_at=outer_lr_at, overclaim=overclaim, ports=ports)
+                         outer_lr_at=outer_lr_at, overclaim=overclaim, ports=ports,
+                         evidence=evidence if cls is DiLoCo else None)

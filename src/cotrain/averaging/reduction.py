@@ -51,6 +51,8 @@ class Reduced:
     complete: bool  # every member's contribution was in it
     credits: dict = field(default_factory=dict)  # member -> the weight its contribution was credited with
     dropped: dict = field(default_factory=dict)  # member -> why its contribution was left out
+    #: this peer's contribution flat, as the group decoded it (None where it is no one vector: PowerSGD)
+    sent: Optional[torch.Tensor] = None
 
 
 def unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -102,7 +104,8 @@ class Reduction:
             result = butterfly_allreduce(self.exchange, tag, group, me, sent, weight, self.codec, timeout,
                                          self.aggregator, reducers, self.cfg.min_part_values)
         self.took_feedback(contribution, flat, result.sent, use_feedback)
-        return Reduced(unflatten(result.average, contribution), result.complete, result.credits, result.dropped)
+        return Reduced(unflatten(result.average, contribution), result.complete, result.credits, result.dropped,
+                       result.sent)
 
     def _powersgd(self, contribution, tag, group, me, weight, reducers) -> Reduced:
         complete, credits, dropped = True, [], {}
@@ -217,4 +220,5 @@ class Hosting:
         count, average, credits = hosted_average(result, group, self.numel, self.reduction.codec)
         flat, decoded, use_feedback, _ = self._sent
         self.reduction.took_feedback(self.contribution, flat, decoded, use_feedback)
-        return Reduced(unflatten(average, self.contribution), count == len(group), credits, dict(self.dropped))
+        return Reduced(unflatten(average, self.contribution), count == len(group), credits, dict(self.dropped),
+                       decoded)

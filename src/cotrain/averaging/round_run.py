@@ -15,7 +15,7 @@ outcome.round_outcome` decides between applying and downloading the group's stat
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 import torch
 
@@ -32,6 +32,9 @@ from cotrain.config import AveragingConfig
 OnDropped = Callable[[int, Mapping[str, str]], None]
 #: (round, samples each member claimed, samples each was credited with)
 OnCredits = Callable[[int, Mapping[str, int], Mapping[str, int]], None]
+#: (round, the hash of the shared state it began on, this peer's contribution flat as the group decoded it): the
+#: evidence a validator may ask for (:class:`cotrain.verification.evidence.EvidenceKeeper`)
+OnSent = Callable[[int, str, torch.Tensor], None]
 
 
 class RoundRun:
@@ -39,9 +42,11 @@ class RoundRun:
     states a group averages when its members' differ, ``averaging.state_averaging``)."""
 
     def __init__(self, peer_id: str, cfg: AveragingConfig, former: GroupFormer, reduction: Reduction,
-                 shared_copy: Callable[[], list[torch.Tensor]], on_dropped: OnDropped, on_credits: OnCredits):
+                 shared_copy: Callable[[], list[torch.Tensor]], on_dropped: OnDropped, on_credits: OnCredits,
+                 on_sent: Optional[OnSent] = None):
         self.peer_id, self.cfg, self.former, self.reduction = peer_id, cfg, former, reduction
         self._shared_copy, self._on_dropped, self._on_credits = shared_copy, on_dropped, on_credits
+        self._on_sent = on_sent
 
     def run(self, launch: PendingRound, state_hash: str) -> RoundResult:
         """Form the round's group and run its all-reduce (on the averaging thread with overlap)."""
@@ -81,6 +86,8 @@ class RoundRun:
             else:
                 reduced = self.reduction.allreduce(launch.contribution, tag, group, me, weight, reducers)
             self._on_dropped(launch.round, reduced.dropped)
+            if self._on_sent is not None and reduced.sent is not None:
+                self._on_sent(launch.round, state_hash, reduced.sent)
             if self.cfg.state_averaging and differ:
                 states = self.reduction.average_states(self._shared_copy(), f"{tag}-state", group, me, reducers)
                 self._on_dropped(launch.round, states.dropped)

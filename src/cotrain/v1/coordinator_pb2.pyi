@@ -183,26 +183,50 @@ class NodeMetrics(_message.Message):
     def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_total: _Optional[int] = ..., epoch: _Optional[int] = ..., partial_rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ..., samples_local: _Optional[int] = ..., compute_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., state_bytes_sent: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., peer_id: _Optional[str] = ..., flagged_peers: _Optional[_Iterable[str]] = ..., units_done: _Optional[int] = ..., refused: _Optional[int] = ..., refused_peers: _Optional[_Iterable[str]] = ..., groups_from_board: _Optional[int] = ..., groups_matchmade: _Optional[int] = ..., meet_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., processes: _Optional[int] = ..., heartbeat_ms: _Optional[float] = ..., last_group: _Optional[_Iterable[str]] = ..., lr: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "session", "metrics")
+    __slots__ = ("node_id", "session", "metrics", "evidence_round")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_ROUND_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     session: str
     metrics: NodeMetrics
-    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ...) -> None: ...
+    evidence_round: int
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., evidence_round: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("command", "reason", "credential", "revocations")
+    __slots__ = ("command", "reason", "credential", "revocations", "evidence_round")
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     REVOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_ROUND_FIELD_NUMBER: _ClassVar[int]
     command: Command
     reason: str
     credential: bytes
     revocations: bytes
-    def __init__(self, command: _Optional[_Union[Command, str]] = ..., reason: _Optional[str] = ..., credential: _Optional[bytes] = ..., revocations: _Optional[bytes] = ...) -> None: ...
+    evidence_round: int
+    def __init__(self, command: _Optional[_Union[Command, str]] = ..., reason: _Optional[str] = ..., credential: _Optional[bytes] = ..., revocations: _Optional[bytes] = ..., evidence_round: _Optional[int] = ...) -> None: ...
+
+class EvidenceChunk(_message.Message):
+    __slots__ = ("node_id", "session", "round", "data")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    session: str
+    round: int
+    data: bytes
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., round: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class SubmitEvidenceResponse(_message.Message):
+    __slots__ = ("accepted", "reason")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    reason: str
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class GetWorkRequest(_message.Message):
     __slots__ = ("node_id", "session")
@@ -265,7 +289,7 @@ class GetSwarmHealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeHealth(_message.Message):
-    __slots__ = ("node_id", "node_name", "state", "metrics", "last_seen_unix", "joined_unix", "reason", "bytes_per_s", "units", "reachability", "groupmates")
+    __slots__ = ("node_id", "node_name", "state", "metrics", "last_seen_unix", "joined_unix", "reason", "bytes_per_s", "units", "reachability", "groupmates", "verification")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -277,6 +301,7 @@ class NodeHealth(_message.Message):
     UNITS_FIELD_NUMBER: _ClassVar[int]
     REACHABILITY_FIELD_NUMBER: _ClassVar[int]
     GROUPMATES_FIELD_NUMBER: _ClassVar[int]
+    VERIFICATION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     node_name: str
     state: str
@@ -288,7 +313,22 @@ class NodeHealth(_message.Message):
     units: _containers.RepeatedScalarFieldContainer[str]
     reachability: str
     groupmates: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., last_seen_unix: _Optional[float] = ..., joined_unix: _Optional[float] = ..., reason: _Optional[str] = ..., bytes_per_s: _Optional[float] = ..., units: _Optional[_Iterable[str]] = ..., reachability: _Optional[str] = ..., groupmates: _Optional[_Iterable[str]] = ...) -> None: ...
+    verification: Verification
+    def __init__(self, node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., last_seen_unix: _Optional[float] = ..., joined_unix: _Optional[float] = ..., reason: _Optional[str] = ..., bytes_per_s: _Optional[float] = ..., units: _Optional[_Iterable[str]] = ..., reachability: _Optional[str] = ..., groupmates: _Optional[_Iterable[str]] = ..., verification: _Optional[_Union[Verification, _Mapping]] = ...) -> None: ...
+
+class Verification(_message.Message):
+    __slots__ = ("checks", "failed", "reputation", "suspended", "reason")
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    REPUTATION_FIELD_NUMBER: _ClassVar[int]
+    SUSPENDED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    checks: int
+    failed: int
+    reputation: float
+    suspended: bool
+    reason: str
+    def __init__(self, checks: _Optional[int] = ..., failed: _Optional[int] = ..., reputation: _Optional[float] = ..., suspended: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SwarmTotals(_message.Message):
     __slots__ = ("nodes_online", "samples_per_s", "global_round", "samples_total", "bytes_sent", "bytes_received", "val_loss", "val_bpc", "val_round", "latest_checkpoint", "latest_checkpoint_round", "val_metrics", "epoch", "units_total", "units_pending", "units_in_progress", "units_done", "units_reissued", "scheduling_reason")

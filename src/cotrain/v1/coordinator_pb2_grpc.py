@@ -84,6 +84,11 @@ class CoordinatorStub:
                 request_serializer=cotrain_dot_v1_dot_coordinator__pb2.RegisterPeerRequest.SerializeToString,
                 response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.RegisterPeerResponse.FromString,
                 _registered_method=True)
+        self.SubmitEvidence = channel.stream_unary(
+                '/cotrain.v1.Coordinator/SubmitEvidence',
+                request_serializer=cotrain_dot_v1_dot_coordinator__pb2.EvidenceChunk.SerializeToString,
+                response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.SubmitEvidenceResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -164,6 +169,15 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitEvidence(self, request_iterator, context):
+        """The evidence of a round's contribution that a heartbeat's answer asked for (verification.enabled): the first
+        chunk names the node, its session and the round, every chunk carries bytes of the evidence (at most what the
+        run's model needs; cotrain.verification.evidence). The answer says whether it was taken for checking.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -216,6 +230,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.RegisterPeer,
                     request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.RegisterPeerRequest.FromString,
                     response_serializer=cotrain_dot_v1_dot_coordinator__pb2.RegisterPeerResponse.SerializeToString,
+            ),
+            'SubmitEvidence': grpc.stream_unary_rpc_method_handler(
+                    servicer.SubmitEvidence,
+                    request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.EvidenceChunk.FromString,
+                    response_serializer=cotrain_dot_v1_dot_coordinator__pb2.SubmitEvidenceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -488,6 +507,33 @@ class Coordinator:
             '/cotrain.v1.Coordinator/RegisterPeer',
             cotrain_dot_v1_dot_coordinator__pb2.RegisterPeerRequest.SerializeToString,
             cotrain_dot_v1_dot_coordinator__pb2.RegisterPeerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitEvidence(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/cotrain.v1.Coordinator/SubmitEvidence',
+            cotrain_dot_v1_dot_coordinator__pb2.EvidenceChunk.SerializeToString,
+            cotrain_dot_v1_dot_coordinator__pb2.SubmitEvidenceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,287 @@
+"""The coordinator as validator: it checks sampled contributions and keeps each node's reputation.
+
+A node with ``verification.enabled`` keeps the evidence of its last rounds (:mod:`cotrain.verification.evidence`)
+and says in each heartbeat which round it holds. :meth:`Validator.wants` decides, by a draw no node can predict,
+whether to ask for it; the node uploads it (``SubmitEvidence``) and :meth:`Validator.offer` queues it. The
+validator's thread then checks it, in order:
+
+1. the evidence is well formed and of this run's model (:func:`~cotrain.verification.evidence.decode_evidence`);
+2. its commitment is the node's, signed by the record key its credential names, and covers the contribution's very
+   bytes (:func:`~cotrain.verification.commitment.verify_commitment`, ``matches``);
+3. the contribution lowers the loss on the node's own work units, by more than on a random unit
+   (:func:`~cotrain.verification.score.loss_score`, with the round's global parameters from the evidence).
+
+Each verdict goes into the reputation :class:`~cotrain.verification.reputation.Book`; a node the book says to
+suspend is revoked through the revocation list (:meth:`suspended`, which the service adds to the revoked tokens'
+nodes). Not yet checked: that the contribution the node sends a validator is the one its group averaged (reducers
+holding signed digests of the parts, docs/design/verification.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch.nn import functional as F
+
+from cotrain.config import RunConfig
+from cotrain.data import Corpus
+from cotrain.models import build_model
+from cotrain.verification import score as scoring
+from cotrain.verification.commitment import matches, verify_commitment
+from cotrain.verification.evidence import EvidenceError, decode_evidence
+from cotrain.verification.reputation import Book, weight_multiplier
+
+logger = logging.getLogger(__name__)
+
+#: evidence waiting to be scored at most: more is refused (the node is asked again later), so a burst of uploads
+#: holds a bounded amount of memory (each is 8 bytes a parameter)
+MAX_QUEUED = 4
+#: how much a failed check weighs, by the check that failed (:mod:`cotrain.verification.score`); 1 when not named.
+#: "not_own_data" weighs nothing until bench/verify.py measures the honest advantage: with units drawn from one
+#: corpus, an honest node's update can lower a random unit's loss as much as its own
+FAIL_WEIGHTS = {scoring.NOT_OWN_DATA: 0.0}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Who sent the evidence, as the coordinator knows it."""
+    node_id: str
+    token_name: str
+    peer_id: str
+    record_key: bytes
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check's verdict. ``weight``: what it counts for in the reputation (0: nothing)."""
+    node_id: str
+    round: int
+    passed: bool
+    failed: str
+    reason: str
+    weight: float
+
+
+@dataclass(frozen=True)
+class NodeVerdict:
+    """What the health view shows of a node: its checks, those failed that count, its reputation's weight."""
+    checks: int
+    fails: int
+    score: float
+    suspended: bool
+    reason: str
+
+
+def draw(rng: random.Random, rate: float) -> bool:
+    return rng.random() < rate
+
+
+def check_weight(score: scoring.Score) -> float:
+    """What a verdict counts for in the reputation: a pass 1, a failure by :data:`FAIL_WEIGHTS`."""
+    return 1.0 if score.passed else FAIL_WEIGHTS.get(score.failed, 1.0)
+
+
+def spread_windows(ranges: Sequence[tuple[int, int]], count: int, length: int) -> list[int]:
+    """``count`` offsets of ``length``-byte windows spread evenly over ``ranges`` (each window inside one range),
+    the same for the same arguments."""
+    usable = [(a, b) for a, b in ranges if b - a >= length]
+    if not usable:
+        return []
+    out = []
+    for i in range(count):
+        a, b = usable[i % len(usable)]
+        k, per = i // len(usable), math.ceil(count / len(usable))
+        out.append(a + (b - a - length) * k // max(1, per - 1) if per > 1 else a)
+    return out
+
+
+class Scorer:
+    """The loss score of contributions to the run's language model, on windows of the corpus."""
+
+    def __init__(self, cfg: RunConfig, corpus: Corpus):
+        self.cfg, self.corpus = cfg, corpus
+        self.model = build_model(cfg).eval()
+        self.shapes = [p.shape for p in self.model.parameters()]
+        self.numel = sum(p.numel() for p in self.model.parameters())
+
+    def unflat(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        out, at = [], 0
+        for shape in self.shapes:
+            n = math.prod(shape)
+            out.append(flat[at:at + n].reshape(shape))
+            at += n
+        return out
+
+    def _batch(self, ranges: Sequence[tuple[int, int]]) -> Optional[torch.Tensor]:
+        length = self.cfg.data.seq_len + 1
+        offsets = spread_windows(ranges, self.cfg.verification.score_windows, length)
+        if not offsets:
+            return None
+        rows = [torch.frombuffer(bytearray(self.corpus.read(o, length)), dtype=torch.uint8) for o in offsets]
+        return torch.stack(rows).long()
+
+    @torch.no_grad()
+    def loss(self, params: Sequence[torch.Tensor], batch: torch.Tensor) -> float:
+        for p, value in zip(self.model.parameters(), params):
+            p.copy_(value)
+        logits, _ = self.model(batch[:, :-1], None)
+        return float(F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten()))
+
+    def score(self, params: torch.Tensor, contribution: torch.Tensor, own: Sequence[tuple[int, int]],
+              other: Sequence[tuple[int, int]]) -> scoring.Score:
+        batches = {"own": self._batch(own), "random": self._batch(other)}
+        if batches["own"] is None or batches["random"] is None:
+            return scoring.Score("pass", "no unit to score on (none held, or shorter than a window)")
+        return scoring.loss_score(lambda ps, which: self.loss(ps, batches[which]), self.unflat(params),
+                                  self.unflat(contribution), self.cfg.verification.score_step)
+
+
+class Validator(threading.Thread):
+    """Checks the evidence it is offered, one at a time, on its own thread. ``own_units(node_id)``: the byte ranges
+    of the units the node holds or finished last; ``all_units``: every unit's range (a random one is scored against);
+    ``on_suspend``: called (on this thread) when a node is to be revoked, with its id and the reason (the service
+    revokes :meth:`suspended` nodes on its own, every second)."""
+
+    def __init__(self, cfg: RunConfig, run_id: str, corpus: Corpus, own_units: Callable[[str], list[tuple[int, int]]],
+                 all_units: Sequence[tuple[int, int]], on_suspend: Optional[Callable[[str, str], None]] = None,
+                 rng: Optional[random.Random] = None, now: Callable[[], float] = time.time,
+                 book: Optional[Book] = None):
+        super().__init__(name="validator", daemon=True)
+        self.cfg, self.run_id, self.own_units, self.all_units = cfg, run_id, own_units, list(all_units)
+        self.on_suspend, self.now = on_suspend, now
+        self.rng = rng or random.Random()
+        self.scorer = Scorer(cfg, corpus)
+        self.book = book or Book()
+        self._queue: queue.Queue = queue.Queue(MAX_QUEUED)
+        self._lock = threading.Lock()
+        self._offered: dict[str, int] = {}  # node -> the latest round it offered, drawn for or not
+        self._requested: dict[str, int] = {}  # node -> the round whose evidence it was asked for, until it came
+        self._counts: dict[str, tuple[int, int, str]] = {}  # node -> (checks, fails, last reason)
+        self._suspended: dict[str, str] = {}
+        self.refused = 0  # evidence refused before scoring (malformed, unsigned, queue full)
+        self.scoring_s = 0.0
+        self._halt = threading.Event()
+
+    # ---- the service's side (the event loop's thread) ----------------------------------------------------------
+    def wants(self, node_id: str, latest: int) -> int:
+        """The round whose evidence to ask ``node_id`` for, which holds ``latest``; 0: none."""
+        with self._lock:
+            if latest <= self._offered.get(node_id, 0) or node_id in self._suspended:
+                return 0
+            self._offered[node_id] = latest
+            if not draw(self.rng, self.cfg.verification.sample_rate):
+                return 0
+            self._requested[node_id] = latest
+        return latest
+
+    def requested(self, node_id: str) -> int:
+        """The round whose evidence ``node_id`` was asked for and has not sent yet (0: none)."""
+        with self._lock:
+            return self._requested.get(node_id, 0)
+
+    def offer(self, who: Candidate, round_number: int, data: bytes) -> str:
+        """Queue uploaded evidence for checking; -> "" when queued, else why not."""
+        with self._lock:
+            if self._requested.get(who.node_id) == round_number:
+                del self._requested[who.node_id]
+        try:
+            self._queue.put_nowait((who, round_number, data))
+        except queue.Full:
+            with self._lock:
+                self.refused += 1
+            return "the validator is busy: ask again later"
+        return ""
+
+    def suspended(self) -> set[str]:
+        with self._lock:
+            return set(self._suspended)
+
+    def verdicts(self) -> dict[str, NodeVerdict]:
+        now = self.now()
+        with self._lock:
+            counts, suspended = dict(self._counts), dict(self._suspended)
+            # the node's own reputation: a token's waits for tokens per volunteer (a swarm's nodes may share one)
+            weights = {n: weight_multiplier(self.book.nodes[n], now, self.book.policy) for n in counts
+                       if n in self.book.nodes}
+        return {node_id: NodeVerdict(checks, fails, weights.get(node_id, 1.0), node_id in suspended,
+                                     suspended.get(node_id) or reason)
+                for node_id, (checks, fails, reason) in counts.items()}
+
+    # ---- the validator's thread ----------------------------------------------------------------------------------
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                who, round_number, data = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            started = time.process_time()
+            try:
+                check = self.check(who, round_number, data)
+            except Exception as e:  # noqa: BLE001 - a bug in scoring must not stop the coordinator
+                logger.exception("validator: checking round %d of node %s failed", round_number, who.node_id[:8])
+                check = Check(who.node_id, round_number, True, "", f"not checked: {type(e).__name__}", 0.0)
+            self.scoring_s += time.process_time() - started
+            self.record(who, check)
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def check(self, who: Candidate, round_number: int, data: bytes) -> Check:
+        """The verdict on ``who``'s evidence of ``round_number`` (hostile bytes)."""
+        def failed(what: str, reason: str) -> Check:
+            return Check(who.node_id, round_number, False, what, reason, 1.0)
+
+        try:
+            ev = decode_evidence(data, self.scorer.numel)
+        except EvidenceError as e:
+            return failed(scoring.MALFORMED, str(e))
+        if ev.round != round_number:
+            return failed(scoring.MALFORMED, f"evidence.round: {ev.round}, round {round_number} was asked for")
+        signed = verify_commitment(ev.commitment, who.record_key, run_id=self.run_id, round=round_number,
+                                   peer_id=who.peer_id)
+        if not signed.ok:
+            return failed("commitment", signed.reason)
+        revealed = matches(signed.commitment, ev.contribution_bytes)
+        if not revealed.ok:
+            return failed("commitment", revealed.reason)
+        own = self.own_units(who.node_id)
+        others = [r for r in self.all_units if r not in own] or self.all_units
+        other = [others[self.rng.randrange(len(others))]]
+        try:
+            result = self.scorer.score(ev.params, ev.contribution, own, other)
+        except ValueError as e:  # the global parameters in the evidence give no finite loss
+            return failed(scoring.MALFORMED, f"evidence.params: {e}")
+        return Check(who.node_id, round_number, result.passed, result.failed, result.reason, check_weight(result))
+
+    def record(self, who: Candidate, check: Check) -> None:
+        now = self.now()
+        suspend = None
+        with self._lock:
+            checks, fails, _ = self._counts.get(who.node_id, (0, 0, ""))
+            counted = check.passed or check.weight > 0
+            verdict_words = "passed" if check.passed else "FAILED" if counted else "inconclusive (not counted)"
+            self._counts[who.node_id] = (checks + 1, fails + (counted and not check.passed),
+                                         f"round {check.round}: {verdict_words}: {check.reason}")
+            if check.weight > 0:
+                self.book.record(who.node_id, who.token_name, passed=check.passed, weight=check.weight, now=now,
+                                 reason=check.reason)
+            # a node is suspended for its own checks: the book's token verdict waits for tokens per volunteer
+            verdict = self.book.suspension(who.node_id, who.token_name, now)
+            if verdict.suspend and verdict.reason.startswith("node ") \
+                    and who.node_id not in self._suspended:
+                self._suspended[who.node_id] = verdict.reason
+                suspend = verdict.reason
+        level = logging.DEBUG if check.passed else logging.WARNING
+        logger.log(level, "validator: node %s, round %d: %s", who.node_id[:8], check.round, check.reason)
+        if suspend is not None:
+            logger.warning("validator: revoking node %s: %s", who.node_id[:8], suspend)
+            if self.on_suspend is not None:
+                self.on_suspend(who.node_id, suspend)

@@ -1,0 +1,162 @@
+"""A member's evidence of one round's contribution, kept for a validator: the round's global parameters, the
+contribution the group decoded, and the member's signed commitment to it.
+
+A node keeps the evidence of its last few rounds (:class:`EvidenceKeeper`); when a validator asks for a round's, the
+node sends it (:func:`encode_evidence`), and the validator checks it (:func:`decode_evidence`) before scoring the
+contribution against the parameters (:func:`cotrain.verification.score.loss_score`). The commitment is signed with
+the node's record key, whose public half its credential names, so a score is attributable to the node and to
+nothing else; the commitment covers the contribution's exact bytes (float32, little-endian).
+
+Wire format (little-endian; every length bounded, no trailing bytes)::
+
+    MAGIC | u64 round | u16 len, state hash (ascii) | u32 len, commitment | u64 numel
+          | numel float32: the global parameters, flat, in the model's order | numel float32: the contribution
+
+Bytes from a peer are hostile: :func:`decode_evidence` takes the number of values the validator's own model has and
+raises :class:`EvidenceError` naming the field at fault (never anything else).
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from cotrain.verification.commitment import MAX_COMMITMENT_BYTES, commit, encode_commitment
+
+MAGIC = b"CTE1"
+#: a state hash is a hex digest (sha256: 64 characters); the bound only keeps hostile input small
+MAX_HASH_CHARS = 128
+#: rounds whose evidence a node keeps: a validator asks for the latest round it heard of, which a node that went on
+#: has finished by the time the request comes back on its next heartbeat
+KEEP_ROUNDS = 3
+
+
+class EvidenceError(ValueError):
+    """Evidence that is malformed, or not of the validator's model; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    round: int
+    state_hash: str
+    commitment: bytes  # encoded (:func:`cotrain.verification.commitment.encode_commitment`)
+    params: torch.Tensor  # flat float32: the round's global parameters
+    contribution: torch.Tensor  # flat float32: the contribution as the group decoded it
+
+    @property
+    def contribution_bytes(self) -> bytes:
+        """The bytes the commitment is made to."""
+        return contribution_bytes(self.contribution)
+
+
+def contribution_bytes(flat: torch.Tensor) -> bytes:
+    return flat.detach().to(torch.float32).cpu().contiguous().numpy().astype("<f4", copy=False).tobytes()
+
+
+def evidence_bytes(numel: int) -> int:
+    """The most bytes the evidence of a model of ``numel`` values takes: what a validator takes in at most."""
+    return len(MAGIC) + 8 + 2 + MAX_HASH_CHARS + 4 + MAX_COMMITMENT_BYTES + 8 + 8 * numel
+
+
+def encode_evidence(ev: Evidence) -> bytes:
+    state_hash = ev.state_hash.encode("ascii")
+    if len(state_hash) > MAX_HASH_CHARS:
+        raise ValueError(f"evidence.state_hash: {len(state_hash)} characters (at most {MAX_HASH_CHARS})")
+    if ev.params.numel() != ev.contribution.numel():
+        raise ValueError(f"evidence.contribution: {ev.contribution.numel()} values, the parameters "
+                         f"{ev.params.numel()}")
+    return b"".join([MAGIC, struct.pack("<QH", ev.round, len(state_hash)), state_hash,
+                     struct.pack("<I", len(ev.commitment)), ev.commitment, struct.pack("<Q", ev.params.numel()),
+                     contribution_bytes(ev.params), ev.contribution_bytes])
+
+
+def decode_evidence(data: bytes, numel: int) -> Evidence:
+    """The evidence in ``data`` (from a peer) for a model of ``numel`` values. The commitment is bounded here, not
+    checked: :func:`cotrain.verification.commitment.verify_commitment` and ``matches`` do that."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise EvidenceError(f"evidence: expected bytes, got {type(data).__name__}")
+    data = memoryview(bytes(data))
+    if len(data) > evidence_bytes(numel):
+        raise EvidenceError(f"evidence: {len(data)} bytes, at most {evidence_bytes(numel)} for this model")
+    pos = 0
+
+    def take(n: int, field: str) -> memoryview:
+        nonlocal pos
+        if pos + n > len(data):
+            raise EvidenceError(f"evidence.{field}: truncated ({len(data) - pos} of {n} bytes)")
+        pos += n
+        return data[pos - n:pos]
+
+    if bytes(take(len(MAGIC), "magic")) != MAGIC:
+        raise EvidenceError("evidence.magic: not cotrain evidence")
+    round_, hash_len = struct.unpack("<QH", take(10, "round"))
+    if hash_len > MAX_HASH_CHARS:
+        raise EvidenceError(f"evidence.state_hash: {hash_len} characters (at most {MAX_HASH_CHARS})")
+    try:
+        state_hash = bytes(take(hash_len, "state_hash")).decode("ascii")
+    except UnicodeDecodeError:
+        raise EvidenceError("evidence.state_hash: not ascii") from None
+    (commitment_len,) = struct.unpack("<I", take(4, "commitment"))
+    if not 1 <= commitment_len <= MAX_COMMITMENT_BYTES:
+        raise EvidenceError(f"evidence.commitment: {commitment_len} bytes (1 to {MAX_COMMITMENT_BYTES})")
+    commitment = bytes(take(commitment_len, "commitment"))
+    (count,) = struct.unpack("<Q", take(8, "numel"))
+    if count != numel:
+        raise EvidenceError(f"evidence.numel: {count} values, this run's model has {numel}")
+    params = _floats(take(4 * numel, "params"))
+    contribution = _floats(take(4 * numel, "contribution"))
+    if pos != len(data):
+        raise EvidenceError(f"evidence: {len(data) - pos} trailing bytes")
+    if not bool(torch.isfinite(params).all()):
+        raise EvidenceError("evidence.params: non-finite values")
+    return Evidence(round_, state_hash, commitment, params, contribution)
+
+
+def _floats(raw: memoryview) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(raw, dtype="<f4").astype(np.float32))
+
+
+def flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach().to(torch.float32).cpu().reshape(-1) for t in tensors])
+
+
+class EvidenceKeeper:
+    """A node's evidence of its last :data:`KEEP_ROUNDS` rounds, each committed (signed with ``key``, the node's
+    record key) as it is kept. :meth:`keep` runs on the round's thread, :meth:`latest` and :meth:`encoded` on the
+    heartbeat's: everything is under one lock."""
+
+    def __init__(self, key, run_id: str, peer_id: str, keep_rounds: int = KEEP_ROUNDS):
+        self.key, self.run_id, self.peer_id, self.keep_rounds = key, run_id, peer_id, keep_rounds
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[int, Evidence] = OrderedDict()
+
+    def keep(self, round_number: int, state_hash: str, params: Sequence[torch.Tensor],
+             contribution: torch.Tensor) -> None:
+        """The evidence of ``round_number``: the round's global ``params`` and ``contribution`` (flat, as the group
+        decoded it), committed now."""
+        ev_params, ev_contribution = flat(params), flat([contribution])
+        signed = commit(self.key, run_id=self.run_id, round=round_number, peer_id=self.peer_id,
+                        contribution=contribution_bytes(ev_contribution))
+        ev = Evidence(round_number, state_hash, encode_commitment(signed), ev_params, ev_contribution)
+        with self._lock:
+            self._kept[round_number] = ev
+            self._kept.move_to_end(round_number)
+            while len(self._kept) > self.keep_rounds:
+                self._kept.popitem(last=False)
+
+    def latest(self) -> int:
+        """The latest round kept (0: none; round 0's evidence is asked for by no one)."""
+        with self._lock:
+            return max(self._kept, default=0)
+
+    def encoded(self, round_number: int) -> Optional[bytes]:
+        """The evidence of ``round_number`` as a validator takes it in; None when it is not kept (any more)."""
+        with self._lock:
+            ev = self._kept.get(round_number)
+        return None if ev is None else encode_evidence(ev)

@@ -1,0 +1,133 @@
+"""The coordinator's validator on a real (tiny) model and corpus: an honest contribution passes, a free rider's,
+a scaled one's and noise fail, evidence not signed by the node's record key fails before any scoring; repeated
+failures suspend the node; a node is asked for a round's evidence at most once."""
+
+import random
+
+import pytest
+import torch
+from torch.nn import functional as F
+from hivemind.utils.crypto import RSAPrivateKey
+
+from cotrain.coordinator.validation import Candidate, Validator, spread_windows
+from cotrain.coordinator.workunits import plan_ranges
+from cotrain.data import Corpus
+from cotrain.models import build_model
+from cotrain.verification.evidence import EvidenceKeeper
+
+from tiny_swarm import tiny_config
+
+RUN, PEER = "run-1-0123abcd", "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+
+
+@pytest.fixture(scope="module")
+def setting(corpus_file):
+    cfg = tiny_config(corpus_file, verification={"enabled": True, "sample_rate": 1.0})
+    corpus = Corpus.from_source(str(corpus_file), 0, cfg.data.val_fraction)
+    ranges = plan_ranges(corpus.train.start, corpus.train.end, 16384, 1024)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+
+    def train(unit, steps):
+        for step in range(steps):
+            offsets = [unit[0] + (unit[1] - unit[0] - 33) * k // 8 + step * 33 % 512 for k in range(8)]
+            rows = [torch.frombuffer(bytearray(corpus.read(o, 33)), dtype=torch.uint8) for o in offsets]
+            batch = torch.stack(rows).long()
+            logits, _ = model(batch[:, :-1], None)
+            loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    for unit in ranges[2:8]:  # the swarm's rounds so far, on other units
+        train(unit, 40)
+    start = [p.detach().clone() for p in model.parameters()]
+    train(ranges[0], 30)  # an honest node's round: 30 steps on its own unit, the first one
+    honest = torch.cat([(s - p.detach()).reshape(-1) for s, p in zip(start, model.parameters())])
+    return cfg, corpus, ranges, start, honest
+
+
+@pytest.fixture(scope="module")
+def key():
+    return RSAPrivateKey()
+
+
+def validator(setting, rng_seed=0):
+    cfg, corpus, ranges, _, _ = setting
+    return Validator(cfg, RUN, corpus, own_units=lambda node_id: [ranges[0]], all_units=ranges,
+                     rng=random.Random(rng_seed), now=lambda: 1000.0)
+
+
+def evidence(key, setting, contribution, round_number=3):
+    keeper = EvidenceKeeper(key, RUN, PEER)
+    keeper.keep(round_number, "hash", setting[3], contribution)
+    return keeper.encoded(round_number)
+
+
+def who(key, node_id="node-a"):
+    return Candidate(node_id, "swarm", PEER, key.get_public_key().to_bytes())
+
+
+def test_an_honest_contribution_passes(setting, key):
+    check = validator(setting).check(who(key), 3, evidence(key, setting, setting[4]))
+    assert check.passed, check.reason
+
+
+@pytest.mark.parametrize("attack, failed", [
+    ("zeros", "zero"),
+    ("scale", "no_gain"),
+    ("sign_flip", "no_gain"),
+    ("noise", "no_gain"),
+])
+def test_attacks_fail_the_loss_score(setting, key, attack, failed):
+    honest = setting[4]
+    g = torch.Generator().manual_seed(1)
+    contribution = {"zeros": torch.zeros_like(honest), "scale": honest * 10, "sign_flip": -honest,
+                    "noise": torch.randn(honest.shape, generator=g) * honest.norm() / honest.numel() ** 0.5 * 10}[attack]
+    check = validator(setting).check(who(key), 3, evidence(key, setting, contribution))
+    assert not check.passed and check.failed in (failed, "blows_up"), check
+    assert check.weight == 1.0
+
+
+def test_evidence_signed_by_another_key_fails_before_scoring(setting, key):
+    other = RSAPrivateKey()
+    check = validator(setting).check(who(key), 3, evidence(other, setting, setting[4]))
+    assert not check.passed and check.failed == "commitment" and "signature" in check.reason
+
+
+def test_evidence_of_another_round_or_garbage_fails(setting, key):
+    v = validator(setting)
+    assert v.check(who(key), 4, evidence(key, setting, setting[4], round_number=3)).failed == "malformed"
+    garbage = v.check(who(key), 3, b"\x00" * 100)
+    assert not garbage.passed and garbage.failed == "malformed" and "evidence." in garbage.reason
+
+
+def test_repeated_failures_suspend_the_node_and_only_it(setting, key):
+    v = validator(setting)
+    zeros = evidence(key, setting, torch.zeros_like(setting[4]))
+    for r in range(3):
+        v.record(who(key), v.check(who(key), 3, zeros))
+    v.record(who(key, "node-b"), v.check(who(key, "node-b"), 3, evidence(key, setting, setting[4])))
+    assert v.suspended() == {"node-a"}
+    verdicts = v.verdicts()
+    assert verdicts["node-a"].suspended and verdicts["node-a"].fails == 3 and "weight 3" in verdicts["node-a"].reason
+    assert not verdicts["node-b"].suspended and verdicts["node-b"].fails == 0
+    assert v.wants("node-a", 10) == 0  # a suspended node is asked for nothing
+
+
+def test_a_round_is_asked_for_once_and_only_that_round_is_taken(setting, key):
+    v = validator(setting)  # sample_rate 1: every offered round is drawn
+    assert v.wants("node-a", 5) == 5 and v.requested("node-a") == 5
+    assert v.wants("node-a", 5) == 0  # offered again: not drawn again
+    assert v.wants("node-a", 4) == 0  # an older round
+    assert v.offer(who(key), 5, b"x") == "" and v.requested("node-a") == 0
+
+
+def test_windows_spread_over_the_units_and_stay_inside():
+    ranges = [(0, 1000), (5000, 5100)]
+    offsets = spread_windows(ranges, 6, 33)
+    assert len(offsets) == 6
+    assert all(any(a <= o and o + 33 <= b for a, b in ranges) for o in offsets)
+    assert len(set(offsets)) == 6
+    assert spread_windows([(0, 10)], 4, 33) == []

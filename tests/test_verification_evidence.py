@@ -1,0 +1,92 @@
+"""A node's evidence of a round: kept for its last rounds, committed with its record key, encoded for a validator;
+hostile bytes refused with the field named."""
+
+import struct
+
+import pytest
+import torch
+from hivemind.utils.crypto import RSAPrivateKey
+
+from cotrain.verification.commitment import matches, verify_commitment
+from cotrain.verification.evidence import (KEEP_ROUNDS, MAGIC, Evidence, EvidenceError, EvidenceKeeper,
+                                           decode_evidence, encode_evidence, evidence_bytes)
+
+RUN, PEER = "run-1-0123abcd", "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+PARAMS = [torch.randn(3, 4), torch.randn(5)]
+NUMEL = 17
+
+
+@pytest.fixture(scope="module")
+def key():
+    return RSAPrivateKey()
+
+
+@pytest.fixture(scope="module")
+def keeper(key):
+    k = EvidenceKeeper(key, RUN, PEER)
+    for r in range(1, 6):
+        k.keep(r, f"hash{r}", PARAMS, torch.full((NUMEL,), float(r)))
+    return k
+
+
+def test_the_keeper_keeps_the_last_rounds_and_their_evidence_round_trips(keeper):
+    assert keeper.latest() == 5
+    assert keeper.encoded(5 - KEEP_ROUNDS) is None  # dropped
+    ev = decode_evidence(keeper.encoded(4), NUMEL)
+    assert (ev.round, ev.state_hash) == (4, "hash4")
+    assert torch.equal(ev.params, torch.cat([p.reshape(-1) for p in PARAMS]))
+    assert torch.equal(ev.contribution, torch.full((NUMEL,), 4.0))
+
+
+def test_the_commitment_is_the_peers_and_covers_the_contribution(keeper, key):
+    ev = decode_evidence(keeper.encoded(5), NUMEL)
+    signed = verify_commitment(ev.commitment, key.get_public_key().to_bytes(), run_id=RUN, round=5, peer_id=PEER)
+    assert signed.ok, signed.reason
+    assert matches(signed.commitment, ev.contribution_bytes).ok
+    assert not matches(signed.commitment, decode_evidence(keeper.encoded(4), NUMEL).contribution_bytes).ok
+    # another round's commitment is not this round's
+    assert not verify_commitment(ev.commitment, key.get_public_key().to_bytes(), run_id=RUN, round=4,
+                                 peer_id=PEER).ok
+
+
+def test_nothing_kept_says_round_zero(key):
+    assert EvidenceKeeper(key, RUN, PEER).latest() == 0
+    assert EvidenceKeeper(key, RUN, PEER).encoded(1) is None
+
+
+@pytest.mark.parametrize("mangle, field", [
+    (lambda b: b"XXXX" + b[4:], "evidence.magic"),
+    (lambda b: b[:-1], "evidence.contribution"),
+    (lambda b: b + b"\0", "trailing"),
+    (lambda b: b[:20], "evidence."),
+    (lambda b: b"", "evidence.magic"),
+])
+def test_malformed_evidence_names_the_field(keeper, mangle, field):
+    with pytest.raises(EvidenceError, match=field.replace(".", r"\.")):
+        decode_evidence(mangle(keeper.encoded(5)), NUMEL)
+
+
+def test_evidence_of_another_model_or_too_large_is_refused(keeper):
+    data = keeper.encoded(5)
+    with pytest.raises(EvidenceError, match="numel"):
+        decode_evidence(data, NUMEL + 1)
+    with pytest.raises(EvidenceError, match="at most"):
+        decode_evidence(data + bytes(evidence_bytes(NUMEL)), NUMEL)
+    with pytest.raises(EvidenceError, match="expected bytes"):
+        decode_evidence("text", NUMEL)
+
+
+def test_non_finite_parameters_are_refused():
+    params = torch.zeros(NUMEL)
+    params[3] = float("nan")
+    data = encode_evidence(Evidence(1, "h", b"c", params, torch.zeros(NUMEL)))
+    with pytest.raises(EvidenceError, match="evidence.params"):
+        decode_evidence(data, NUMEL)
+
+
+def test_a_huge_length_field_is_refused_before_reading(keeper):
+    data = bytearray(keeper.encoded(5))
+    at = len(MAGIC) + 8
+    data[at:at + 2] = struct.pack("<H", 60000)
+    with pytest.raises(EvidenceError, match="state_hash"):
+        decode_evidence(bytes(data), NUMEL)

@@ -20,7 +20,8 @@ from cotrain.checkpoint import load_checkpoint
 from cotrain.config import RunConfig
 from cotrain.data import Corpus
 from cotrain.evaluation import evaluate_model, evaluate_state, model_from_state
-from cotrain.cli.launch import LaunchError, cpu_shares, start_coordinator, start_node, stop_all, wait_for
+from cotrain.cli.launch import (LaunchError, cpu_shares, start_coordinator, start_node, stop_all, uninterrupted,
+                                wait_for)
 from cotrain.cli.zygote import Zygote, ZygoteError
 from cotrain.models import generate
 
@@ -112,15 +113,18 @@ def run_demo(args) -> int:
         stop_all(nodes, 30)
         health = client.health()
     finally:
-        if client is not None:
-            client.close()
-        stop_all(nodes, 30)  # side by side, each leaving cleanly, as the coordinator goes on answering them
-        if zygote is not None:
-            zygote.close()
-        if coordinator is not None:
-            stop_all([coordinator], 30)
-        console.print(f"stopped the coordinator ({f'pid {coordinator.pid}' if coordinator else 'not started'}) and "
-                      f"{len(nodes)} node(s) ({', '.join(str(p.pid) for p in nodes) or 'none started'})")
+        # the whole clean-up is shielded: a signal while the client or the zygote closes must not skip the
+        # coordinator's stop
+        with uninterrupted():
+            if client is not None:
+                client.close()
+            stop_all(nodes, 30)  # side by side, each leaving cleanly, as the coordinator goes on answering them
+            if zygote is not None:
+                zygote.close()
+            if coordinator is not None:
+                stop_all([coordinator], 30)
+            console.print(f"stopped the coordinator ({f'pid {coordinator.pid}' if coordinator else 'not started'}) "
+                          f"and {len(nodes)} node(s) ({', '.join(str(p.pid) for p in nodes) or 'none started'})")
 
     checkpoint = health.totals.latest_checkpoint
     if not checkpoint:

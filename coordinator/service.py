@@ -35,6 +35,7 @@ from cotrain.coordinator.swarm_health import SwarmSummary, swarm_health
 from cotrain.coordinator.unit_pool import UnitPool
 from cotrain.coordinator.evidence_intake import take_evidence
 from cotrain.coordinator.validation import Candidate, Validator
+from cotrain.coordinator.wire import ThrottledWarning
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.started = clock()
         #: verification.enabled: checks sampled contributions, and names the nodes to suspend
         self.validator = validator
+        self.refusals = ThrottledWarning(logger)
 
     # ---- helpers -------------------------------------------------------------------------------------------------
     def _views(self) -> list[NodeView]:
@@ -265,8 +267,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 self.validator.suspended() if self.validator else ()) else "this node's token was revoked"
             return pb.HeartbeatResponse(command=pb.DRAIN, reason=why, revocations=self.issuer.signed_revocations)
         response = pb.HeartbeatResponse(command=pb.CONTINUE, reason="ok")
-        if self.validator is not None and request.evidence_round:
-            response.evidence_round = self.validator.wants(node.node_id, request.evidence_round)
+        if self.validator is not None:
+            self._verification(node.node_id, request, response)
         peer = self.peers.get(node.node_id)
         if peer is not None and needs_renewal(self.issued.get(node.node_id, 0.0), now, self.issuer.ttl):
             response.credential = self.issuer.issue(node.node_id, peer.peer_id, peer.record_key)
@@ -279,6 +281,17 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     async def SubmitEvidence(self, requests, context) -> pb.SubmitEvidenceResponse:
         return await take_evidence(requests, context, validator=self.validator, session=self._session,
                                    who=self._candidate)
+
+    def _verification(self, node_id: str, request: pb.HeartbeatRequest, response: pb.HeartbeatResponse) -> None:
+        """A heartbeat's part in verification: the commitments it carries, and whether to ask for its evidence."""
+        who = self._candidate(node_id)
+        if who is None:  # no DHT peer registered yet: nothing to check a signature against
+            return
+        refused = self.validator.take_commitments(who, request.commitments) if request.commitments else ""
+        if refused:  # one warning a minute at most, counting the rest
+            self.refusals.note(f"node {node_id[:8]}: commitments refused: {refused}")
+        if request.evidence_round:
+            response.evidence_round = self.validator.wants(node_id, request.evidence_round)
 
     def _candidate(self, node_id: str) -> Optional[Candidate]:
         node, peer = self.nodes.get(node_id), self.peers.get(node_id)
@@ -358,4 +371,5 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         return swarm_health(now, run_id=self.run.run_id, heartbeat_interval=self.run.heartbeat_interval,
                             lost_after_missed=self.run.lost_after_missed, summary=self.summary, nodes=self.nodes,
                             views=self._views(), peers=self.peers, rates=self.rates, units=self.units,
-                            verdicts=self.validator.verdicts() if self.validator is not None else None)
+                            verdicts=self.validator.verdicts() if self.validator is not None else None,
+                            validator_totals=self.validator.totals() if self.validator is not None else None)

@@ -35,16 +35,20 @@ class SwarmSummary:
 def swarm_health(now: float, *, run_id: str, heartbeat_interval: float, lost_after_missed: int,
                  summary: SwarmSummary, nodes: Mapping[str, NodeRecord], views: Sequence[NodeView],
                  peers: Mapping[str, PeerRecord], rates: Mapping[str, tuple[float, int, float]],
-                 units: UnitPool, verdicts: Optional[Mapping[str, NodeVerdict]] = None) -> pb.SwarmHealth:
+                 units: UnitPool, verdicts: Optional[Mapping[str, NodeVerdict]] = None,
+                 validator_totals: Optional[tuple[float, int]] = None) -> pb.SwarmHealth:
     """The swarm at ``now``. ``views`` are ``nodes``' views, in the same order; ``rates`` is each node's
-    (time, bytes_sent, bytes/s) at its last heartbeat; ``verdicts``: the validator's, by node (verification)."""
+    (time, bytes_sent, bytes/s) at its last heartbeat; ``verdicts``: the validator's, by node, and
+    ``validator_totals`` its (CPU seconds, checks) (verification)."""
     verdicts = verdicts or {}
+    checking = validator_totals or (0.0, 0)
     rows, states = [], []
     by_peer = names_by_peer(nodes)
     totals = pb.SwarmTotals(val_loss=summary.val_loss, val_bpc=summary.val_bpc, val_round=summary.val_round,
                             latest_checkpoint=summary.latest_checkpoint,
                             latest_checkpoint_round=summary.latest_checkpoint_round,
-                            val_metrics={k: float(v) for k, v in summary.val_metrics.items()}, **units.totals())
+                            val_metrics={k: float(v) for k, v in summary.val_metrics.items()},
+                            validator_cpu_s=checking[0], checks=checking[1], **units.totals())
     for view, node in zip(views, nodes.values()):
         state, reason = node_state(now, view, views, heartbeat_interval, lost_after_missed)
         states.append((view, state, reason))

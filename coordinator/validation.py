@@ -19,12 +19,14 @@ holding signed digests of the parts, docs/design/verification.md).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import queue
 import random
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -35,7 +37,7 @@ from cotrain.config import RunConfig
 from cotrain.data import Corpus
 from cotrain.models import build_model
 from cotrain.verification import score as scoring
-from cotrain.verification.commitment import matches, verify_commitment
+from cotrain.verification.commitment import decode_commitment, matches, verify_commitment
 from cotrain.verification.evidence import EvidenceError, decode_evidence
 from cotrain.verification.reputation import Book, weight_multiplier
 
@@ -48,6 +50,11 @@ MAX_QUEUED = 4
 #: "not_own_data" weighs nothing until bench/verify.py measures the honest advantage: with units drawn from one
 #: corpus, an honest node's update can lower a random unit's loss as much as its own
 FAIL_WEIGHTS = {scoring.NOT_OWN_DATA: 0.0}
+#: commitments a heartbeat may carry (a node keeps the evidence of KEEP_ROUNDS rounds)
+MAX_COMMITMENTS = 8
+#: commitments remembered to find a repeated contribution: rounds of every node, minutes to hours of a run
+REMEMBERED_COMMITMENTS = 65536
+COPY = "copy"
 
 
 @dataclass(frozen=True)
@@ -141,7 +148,8 @@ class Scorer:
         if batches["own"] is None or batches["random"] is None:
             return scoring.Score("pass", "no unit to score on (none held, or shorter than a window)")
         return scoring.loss_score(lambda ps, which: self.loss(ps, batches[which]), self.unflat(params),
-                                  self.unflat(contribution), self.cfg.verification.score_step)
+                                  self.unflat(contribution), self.cfg.verification.score_step,
+                                  min_own_gain=self.cfg.verification.min_gain)
 
 
 class Validator(threading.Thread):
@@ -167,8 +175,13 @@ class Validator(threading.Thread):
         self._counts: dict[str, tuple[int, int, str]] = {}  # node -> (checks, fails, last reason)
         self._suspended: dict[str, str] = {}
         self.refused = 0  # evidence refused before scoring (malformed, unsigned, queue full)
-        self.scoring_s = 0.0
+        self.scoring_s = 0.0  # CPU seconds of this thread spent checking
         self._halt = threading.Event()
+        #: digest -> (node, round) of its first commitment, and what was seen, oldest first (bounded)
+        self._digests: OrderedDict[bytes, tuple[str, int]] = OrderedDict()
+        self._committed: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        #: the digest of an all-zero contribution: repeated by any node that took no step, and the loss score's to judge
+        self._zeros = hashlib.sha256(bytes(4 * self.scorer.numel)).digest()
 
     # ---- the service's side (the event loop's thread) ----------------------------------------------------------
     def wants(self, node_id: str, latest: int) -> int:
@@ -181,6 +194,42 @@ class Validator(threading.Thread):
                 return 0
             self._requested[node_id] = latest
         return latest
+
+    def take_commitments(self, who: Candidate, encoded: Sequence[bytes]) -> str:
+        """The commitments a heartbeat of ``who`` carried (hostile bytes): each new one that is ``who``'s, signed, is
+        remembered; one whose digest an earlier commitment holds is a stale or copied update, a failed check of the
+        later one. -> why some were refused ("" when none was)."""
+        refused = []
+        for data in encoded[:MAX_COMMITMENTS]:
+            decoded = decode_commitment(data)
+            if not decoded.ok:
+                refused.append(decoded.reason)
+                continue
+            c = decoded.commitment
+            with self._lock:
+                if (who.node_id, c.round) in self._committed:
+                    continue
+            signed = verify_commitment(data, who.record_key, run_id=self.run_id, round=c.round, peer_id=who.peer_id)
+            if not signed.ok:
+                refused.append(signed.reason)
+                continue
+            with self._lock:
+                self._committed[(who.node_id, c.round)] = c.digest
+                earlier = None if c.digest == self._zeros else self._digests.setdefault(c.digest, (who.node_id,
+                                                                                                    c.round))
+                for table in (self._committed, self._digests):
+                    while len(table) > REMEMBERED_COMMITMENTS:
+                        table.popitem(last=False)
+            if earlier is not None and earlier != (who.node_id, c.round):
+                whose = "its own" if earlier[0] == who.node_id else f"node {earlier[0][:8]}'s"
+                self.record(who, Check(who.node_id, c.round, False, COPY, f"its contribution of round {c.round} "
+                                       f"repeats {whose} of round {earlier[1]} (stale or copied)", 1.0))
+        if len(encoded) > MAX_COMMITMENTS:
+            refused.append(f"commitments: {len(encoded)}, at most {MAX_COMMITMENTS}")
+        if refused:
+            with self._lock:
+                self.refused += len(refused)
+        return "; ".join(refused)
 
     def requested(self, node_id: str) -> int:
         """The round whose evidence ``node_id`` was asked for and has not sent yet (0: none)."""
@@ -199,6 +248,11 @@ class Validator(threading.Thread):
                 self.refused += 1
             return "the validator is busy: ask again later"
         return ""
+
+    def totals(self) -> tuple[float, int]:
+        """(CPU seconds spent checking, checks made)."""
+        with self._lock:
+            return self.scoring_s, sum(c for c, _, _ in self._counts.values())
 
     def suspended(self) -> set[str]:
         with self._lock:
@@ -222,13 +276,14 @@ class Validator(threading.Thread):
                 who, round_number, data = self._queue.get(timeout=0.5)
             except queue.Empty:
                 continue
-            started = time.process_time()
+            started = time.thread_time()
             try:
                 check = self.check(who, round_number, data)
             except Exception as e:  # noqa: BLE001 - a bug in scoring must not stop the coordinator
                 logger.exception("validator: checking round %d of node %s failed", round_number, who.node_id[:8])
                 check = Check(who.node_id, round_number, True, "", f"not checked: {type(e).__name__}", 0.0)
-            self.scoring_s += time.process_time() - started
+            with self._lock:
+                self.scoring_s += time.thread_time() - started
             self.record(who, check)
 
     def stop(self) -> None:
@@ -279,7 +334,7 @@ class Validator(threading.Thread):
                     and who.node_id not in self._suspended:
                 self._suspended[who.node_id] = verdict.reason
                 suspend = verdict.reason
-        level = logging.DEBUG if check.passed else logging.WARNING
+        level = logging.WARNING if counted and not check.passed else logging.DEBUG
         logger.log(level, "validator: node %s, round %d: %s", who.node_id[:8], check.round, check.reason)
         if suspend is not None:
             logger.warning("validator: revoking node %s: %s", who.node_id[:8], suspend)

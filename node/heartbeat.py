@@ -48,7 +48,10 @@ def heartbeat_loop(interval: float, *, stop: threading.Event, metrics: Metrics, 
                 break
         try:
             sent = time.monotonic()
-            response = client.heartbeat(report(), evidence.latest() if evidence is not None else 0)
+            if evidence is not None:
+                response = client.heartbeat(report(), evidence.latest(), evidence.commitments())
+            else:
+                response = client.heartbeat(report())
             with metrics.lock:
                 metrics.heartbeat_ms = (time.monotonic() - sent) * 1e3
         except grpc.RpcError as e:  # keep training while the coordinator is away; the swarm does not need it

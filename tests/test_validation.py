@@ -131,3 +131,38 @@ def test_windows_spread_over_the_units_and_stay_inside():
     assert all(any(a <= o and o + 33 <= b for a, b in ranges) for o in offsets)
     assert len(set(offsets)) == 6
     assert spread_windows([(0, 10)], 4, 33) == []
+
+
+def test_a_repeated_contribution_is_caught_by_its_commitment(setting, key):
+    v = validator(setting)
+    keeper = EvidenceKeeper(key, RUN, PEER)
+    same = setting[4]
+    keeper.keep(3, "h3", setting[3], same)
+    keeper.keep(4, "h4", setting[3], same)  # a stale update: round 3's again
+    assert v.take_commitments(who(key), keeper.commitments()) == ""
+    assert v.verdicts()["node-a"].fails == 1 and "repeats its own of round 3" in v.verdicts()["node-a"].reason
+    assert v.take_commitments(who(key), keeper.commitments()) == ""  # seen: nothing counted twice
+    assert v.verdicts()["node-a"].fails == 1
+    other = EvidenceKeeper(key, RUN, PEER)  # another node sending the same bytes in round 5 copied node-a's
+    other.keep(5, "h5", setting[3], same)
+    v.take_commitments(who(key, "node-b"), other.commitments())
+    assert "repeats node node-a's of round 3" in v.verdicts()["node-b"].reason
+
+
+def test_commitments_not_signed_by_the_node_or_malformed_are_refused(setting, key):
+    v = validator(setting)
+    keeper = EvidenceKeeper(RSAPrivateKey(), RUN, PEER)
+    keeper.keep(3, "h", setting[3], setting[4])
+    assert "signature" in v.take_commitments(who(key), keeper.commitments())
+    assert "commitment" in v.take_commitments(who(key), [b"junk"])
+    assert "at most" in v.take_commitments(who(key), [b"junk"] * 9)
+    assert "node-a" not in v.verdicts()  # refused, not held against the node: its session is not its signature
+
+
+def test_all_zero_contributions_are_left_to_the_loss_score(setting, key):
+    v = validator(setting)
+    keeper = EvidenceKeeper(key, RUN, PEER)
+    for r in (3, 4):
+        keeper.keep(r, "h", setting[3], torch.zeros_like(setting[4]))
+    v.take_commitments(who(key), keeper.commitments())
+    assert "node-a" not in v.verdicts()

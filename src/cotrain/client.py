@@ -9,7 +9,7 @@ import queue
 import random
 import threading
 import time
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional, Sequence, TypeVar
 
 import grpc
 
@@ -143,12 +143,13 @@ class CoordinatorClient:
         return self._retry(lambda: self.stub.RegisterPeer(request, timeout=self.rpc_timeout + 10.0), "register peer",
                            give_up_after)
 
-    def heartbeat(self, metrics: pb.NodeMetrics, evidence_round: int = 0) -> pb.HeartbeatResponse:
+    def heartbeat(self, metrics: pb.NodeMetrics, evidence_round: int = 0,
+                  commitments: Sequence[bytes] = ()) -> pb.HeartbeatResponse:
         """One heartbeat on this node's heartbeat stream (opened on first use, and again after it broke); raises
         grpc.RpcError when the coordinator does not answer within ``rpc_timeout``. ``evidence_round``: the latest
-        round whose evidence this node keeps for a validator (0: none)."""
+        round whose evidence this node keeps for a validator (0: none), ``commitments`` those rounds' commitments."""
         request = pb.HeartbeatRequest(node_id=self.node_id, session=self.session, metrics=metrics,
-                                      evidence_round=evidence_round)
+                                      evidence_round=evidence_round, commitments=list(commitments))
         with self._lock:
             if self._heartbeats is None:
                 self._heartbeats = HeartbeatStream(self.stub)

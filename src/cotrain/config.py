@@ -15,7 +15,7 @@ from cotrain.config_file import ConfigError, ConfigFile  # noqa: F401 (ConfigErr
 
 
 #: byzantine behaviours a node can be started with, for benches and tests (cotrain.averaging.attacks)
-ATTACKS = ("scale", "sign_flip", "random")
+ATTACKS = ("scale", "sign_flip", "random", "zero", "stale", "alie")
 
 
 class _Section(BaseModel):
@@ -414,6 +414,10 @@ class VerificationConfig(_Section):
     #: the outer step along the contribution that is scored: params - score_step x contribution. 1 is the node's
     #: own local model; a shorter step keeps an honest update's gain positive where the full step overshoots
     score_step: float = Field(0.5, gt=0.0, le=10.0)
+    #: the least fraction of the own units' loss a contribution must remove. An honest update's gain shrinks with
+    #: the lr and as the model learns (bench/verify.py: 7% in a run's first rounds, 0.06% in its last with the lr
+    #: decayed), so the bar is "measurably above nothing": zeros, noise, a sign flip or an overshoot remove nothing
+    min_gain: float = Field(1e-6, ge=0.0, le=0.5)
 
 
 class WarmStartConfig(_Section):

@@ -7,7 +7,15 @@ et al., "Secure Distributed Training at Scale", 2022), each with strength ``ATTA
 
 - ``scale``: the honest contribution times ``ATTACK_STRENGTH``;
 - ``sign_flip``: the honest contribution times ``-ATTACK_STRENGTH``;
-- ``random``: Gaussian noise whose norm is ``ATTACK_STRENGTH`` times the honest contribution's.
+- ``random``: Gaussian noise whose norm is ``ATTACK_STRENGTH`` times the honest contribution's;
+
+and those a verifier of contributions must catch (docs/design/verification.md, bench/verify.py):
+
+- ``zero``: nothing at all (a free rider: it claims its samples and sends zeros);
+- ``stale``: the contribution of its previous round (a stale update; its first round's is honest);
+- ``alie``: "a little is enough" (Baruch et al., NeurIPS 2019), as one attacker can do it alone: every value
+  shifted by ``ALIE_Z`` times its own magnitude, in one direction of signs fixed for the run, so that the update's
+  norm grows by about 12% only and it stays inside any clipping radius.
 
 A byzantine *reducer* (corrupting the averages it sends back in the butterfly all-reduce) is not among them:
 defending against it needs BTARD's verification, which cotrain does not do.
@@ -22,6 +30,8 @@ import torch
 from cotrain.config import ATTACKS
 
 ATTACK_STRENGTH = 10.0
+#: the ALIE shift, in units of each value's magnitude (its stand-in for the honest updates' spread)
+ALIE_Z = 0.5
 
 Attack = Callable[[torch.Tensor], torch.Tensor]
 
@@ -39,4 +49,25 @@ def make_attack(name: str, seed: int = 0, strength: float = ATTACK_STRENGTH) -> 
             return z * (strength * v.norm() / z.norm().clamp_min(1e-12))
 
         return noise
+    if name == "zero":
+        return torch.zeros_like
+    if name == "stale":
+        previous: list[torch.Tensor] = []
+
+        def stale(v: torch.Tensor) -> torch.Tensor:
+            out = previous[0] if previous and previous[0].shape == v.shape else v
+            previous[:] = [v.clone()]
+            return out
+
+        return stale
+    if name == "alie":
+        generator = torch.Generator().manual_seed(seed + 104729)
+        signs: list[torch.Tensor] = []
+
+        def shift(v: torch.Tensor) -> torch.Tensor:
+            if not signs or signs[0].shape != v.shape:
+                signs[:] = [torch.randint(0, 2, v.shape, generator=generator).to(v.dtype) * 2 - 1]
+            return v + ALIE_Z * signs[0] * v.abs()
+
+        return shift
     raise ValueError(f"attack: expected one of {', '.join(ATTACKS)}, got {name!r}")

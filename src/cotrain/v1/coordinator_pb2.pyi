@@ -183,16 +183,18 @@ class NodeMetrics(_message.Message):
     def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_total: _Optional[int] = ..., epoch: _Optional[int] = ..., partial_rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ..., samples_local: _Optional[int] = ..., compute_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., state_bytes_sent: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., peer_id: _Optional[str] = ..., flagged_peers: _Optional[_Iterable[str]] = ..., units_done: _Optional[int] = ..., refused: _Optional[int] = ..., refused_peers: _Optional[_Iterable[str]] = ..., groups_from_board: _Optional[int] = ..., groups_matchmade: _Optional[int] = ..., meet_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., processes: _Optional[int] = ..., heartbeat_ms: _Optional[float] = ..., last_group: _Optional[_Iterable[str]] = ..., lr: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "session", "metrics", "evidence_round")
+    __slots__ = ("node_id", "session", "metrics", "evidence_round", "commitments")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_ROUND_FIELD_NUMBER: _ClassVar[int]
+    COMMITMENTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     session: str
     metrics: NodeMetrics
     evidence_round: int
-    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., evidence_round: _Optional[int] = ...) -> None: ...
+    commitments: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., evidence_round: _Optional[int] = ..., commitments: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("command", "reason", "credential", "revocations", "evidence_round")
@@ -331,7 +333,7 @@ class Verification(_message.Message):
     def __init__(self, checks: _Optional[int] = ..., failed: _Optional[int] = ..., reputation: _Optional[float] = ..., suspended: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SwarmTotals(_message.Message):
-    __slots__ = ("nodes_online", "samples_per_s", "global_round", "samples_total", "bytes_sent", "bytes_received", "val_loss", "val_bpc", "val_round", "latest_checkpoint", "latest_checkpoint_round", "val_metrics", "epoch", "units_total", "units_pending", "units_in_progress", "units_done", "units_reissued", "scheduling_reason")
+    __slots__ = ("nodes_online", "samples_per_s", "global_round", "samples_total", "bytes_sent", "bytes_received", "val_loss", "val_bpc", "val_round", "latest_checkpoint", "latest_checkpoint_round", "val_metrics", "epoch", "units_total", "units_pending", "units_in_progress", "units_done", "units_reissued", "scheduling_reason", "validator_cpu_s", "checks")
     class ValMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -358,6 +360,8 @@ class SwarmTotals(_message.Message):
     UNITS_DONE_FIELD_NUMBER: _ClassVar[int]
     UNITS_REISSUED_FIELD_NUMBER: _ClassVar[int]
     SCHEDULING_REASON_FIELD_NUMBER: _ClassVar[int]
+    VALIDATOR_CPU_S_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
     nodes_online: int
     samples_per_s: float
     global_round: int
@@ -377,7 +381,9 @@ class SwarmTotals(_message.Message):
     units_done: int
     units_reissued: int
     scheduling_reason: str
-    def __init__(self, nodes_online: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., global_round: _Optional[int] = ..., samples_total: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., val_loss: _Optional[float] = ..., val_bpc: _Optional[float] = ..., val_round: _Optional[int] = ..., latest_checkpoint: _Optional[str] = ..., latest_checkpoint_round: _Optional[int] = ..., val_metrics: _Optional[_Mapping[str, float]] = ..., epoch: _Optional[int] = ..., units_total: _Optional[int] = ..., units_pending: _Optional[int] = ..., units_in_progress: _Optional[int] = ..., units_done: _Optional[int] = ..., units_reissued: _Optional[int] = ..., scheduling_reason: _Optional[str] = ...) -> None: ...
+    validator_cpu_s: float
+    checks: int
+    def __init__(self, nodes_online: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., global_round: _Optional[int] = ..., samples_total: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., val_loss: _Optional[float] = ..., val_bpc: _Optional[float] = ..., val_round: _Optional[int] = ..., latest_checkpoint: _Optional[str] = ..., latest_checkpoint_round: _Optional[int] = ..., val_metrics: _Optional[_Mapping[str, float]] = ..., epoch: _Optional[int] = ..., units_total: _Optional[int] = ..., units_pending: _Optional[int] = ..., units_in_progress: _Optional[int] = ..., units_done: _Optional[int] = ..., units_reissued: _Optional[int] = ..., scheduling_reason: _Optional[str] = ..., validator_cpu_s: _Optional[float] = ..., checks: _Optional[int] = ...) -> None: ...
 
 class SwarmHealth(_message.Message):
     __slots__ = ("run_id", "nodes", "totals", "alerts", "now_unix")

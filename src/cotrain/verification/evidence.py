@@ -155,6 +155,11 @@ class EvidenceKeeper:
         with self._lock:
             return max(self._kept, default=0)
 
+    def commitments(self) -> list[bytes]:
+        """The encoded commitments of the rounds kept, oldest first."""
+        with self._lock:
+            return [ev.commitment for ev in self._kept.values()]
+
     def encoded(self, round_number: int) -> Optional[bytes]:
         """The evidence of ``round_number`` as a validator takes it in; None when it is not kept (any more)."""
         with self._lock:

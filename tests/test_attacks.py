@@ -1,0 +1,28 @@
+"""The byzantine contributions of the benches: each does what its name says, round after round."""
+
+import torch
+
+from cotrain.averaging.attacks import ALIE_Z, make_attack
+
+
+def test_zero_sends_nothing():
+    assert torch.equal(make_attack("zero")(torch.randn(10)), torch.zeros(10))
+
+
+def test_stale_sends_the_previous_rounds_contribution():
+    stale = make_attack("stale")
+    a, b, c = torch.randn(10), torch.randn(10), torch.randn(10)
+    assert torch.equal(stale(a), a)  # nothing earlier: its first round is honest
+    assert torch.equal(stale(b), a)
+    assert torch.equal(stale(c), b)
+
+
+def test_alie_shifts_every_value_a_little_in_one_fixed_direction():
+    alie = make_attack("alie", seed=3)
+    v = torch.randn(10_000)
+    shifted = alie(v)
+    assert torch.allclose((shifted - v).abs(), ALIE_Z * v.abs())
+    assert 1.05 < float(shifted.norm() / v.norm()) < 1.2  # inside any clipping radius
+    direction = torch.sign(shifted - v)
+    w = torch.randn(10_000)
+    assert torch.equal(torch.sign(alie(w) - w)[w != 0], direction[w != 0])  # the same signs every round

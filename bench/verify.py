@@ -24,6 +24,7 @@ While the row runs, the coordinator's health is read every second. Per row:
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -31,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (bench_parser, default_text, diloco_config, final_checkpoint, print_table,  # noqa: E402
-                    run_meta, work_folder, write_json)
+                    run_meta, work_folder, write_json, write_page)
 
 from cotrain.cli.launch import wait_for  # noqa: E402
 from cotrain.cli.local_swarm import Swarm  # noqa: E402
@@ -104,7 +105,13 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep each swarm's work folder (logs, state)")
     parser.add_argument("--quick", action="store_true", help="rows of 12 rounds of a 64-wide LSTM")
     parser.add_argument("--json", default=None, metavar="FILE", help="write the figures to FILE (after every row)")
+    parser.add_argument("--markdown", default=None, metavar="FILE", help="write a results page to FILE")
+    parser.add_argument("--report", default=None, metavar="JSON", help="print (and --markdown) a run's figures only")
     args = parser.parse_args()
+    if args.report:
+        data = json.loads(Path(args.report).read_text())
+        report(data, args.markdown)
+        return 0
     if args.quick:
         args.rounds, args.hidden = 12, 64
     if args.nodes < 3:
@@ -125,14 +132,38 @@ def main() -> int:
     for attack in ["", *args.attacks]:
         runs.append(one_row(args, attack))
         save()
-    clean = runs[0]["val_bpc"]
-    print_table(f"1 attacker of {args.nodes} nodes, {args.rounds} rounds: what the validator caught",
-                ["attack", "detected at", "suspended at", "honest flagged", "honest node-rounds", "checks",
-                 "validator CPU", "val_bpc", "vs clean"],
-                [[r["attack"], r["detected_after_rounds"], r["suspended_after_rounds"], r["honest_flagged"],
-                  r["honest_node_rounds"], r["honest_checks"] + r["attacker_checks"],
-                  f"{r['validator_cpu_fraction']:.2%}", r["val_bpc"], f"{r['val_bpc'] / clean:.4f}"] for r in runs])
+    report({"runs": runs, "nodes": args.nodes, "rounds": args.rounds, "H": args.H, "hidden": args.hidden,
+            "meta": meta}, args.markdown)
     return 0
+
+
+COLUMNS = ["attack", "detected at", "suspended at", "honest flagged", "honest node-rounds", "checks", "validator CPU",
+           "val_bpc", "vs clean"]
+
+
+def report(data: dict, markdown: str | None) -> None:
+    """The table of a run's figures, and its results page (``markdown``: the command, commit, date and machine)."""
+    runs = data["runs"]
+    clean = next((r["val_bpc"] for r in runs if r["attack"] == "none"), float("nan"))
+    rows = [[r["attack"], r["detected_after_rounds"], r["suspended_after_rounds"], r["honest_flagged"],
+             r["honest_node_rounds"], r["honest_checks"] + r["attacker_checks"],
+             f"{r['validator_cpu_fraction']:.2%}", round(r["val_bpc"], 4), f"{r['val_bpc'] / clean:.4f}"]
+            for r in runs]
+    title = f"1 attacker of {data['nodes']} nodes, {data['rounds']} rounds of H={data['H']}: what the validator caught"
+    print_table(title, COLUMNS, rows)
+    meta = data.get("meta", {})
+    lines = [f"# Verified contributions: `bench/verify.py`, {data['nodes']} nodes, one attacker a row", "",
+             f"- `{meta.get('command', '')}` at commit {meta.get('commit', '?')}, {meta.get('date', '?')}, "
+             f"{meta.get('machine', '?')}, torch {meta.get('torch', '?')}", "",
+             f"LSTM {data['hidden']} wide on tinyshakespeare, {data['rounds']} DiLoCo rounds of H={data['H']}, "
+             "CenteredClip, `verification.enabled` with its defaults, heartbeats every 0.5 s (bench/verify.py "
+             "says why). \"detected at\" and \"suspended at\" are the attacker's round at its first failed check "
+             "that counts and at its suspension (null: never); \"honest flagged\" counts the honest nodes' failed "
+             "checks that count, over their rounds; \"validator CPU\" is the validator's CPU seconds over the "
+             "nodes' compute seconds; val_bpc is the honest nodes' final model on the whole validation split.", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join("-" if v is None else str(v) for v in row) + " |" for row in rows]
+    write_page(markdown, lines)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from cotrain.averaging import Admission, Exchange, ProgressBoard, start_dht, vis
 from cotrain.checkpoint import atomic_write_bytes, load_checkpoint, named_state, save_checkpoint
 from cotrain.config import RunConfig
 from cotrain.data import Corpus
+from cotrain.data.streams import stream_ranges
 from cotrain.models import build_model
 from cotrain.outage import Outage
 from cotrain.protocol import CHANNEL_OPTIONS, parse_address
@@ -144,18 +145,23 @@ def start_fleet(options: CoordinatorOptions, resources: RayResources) -> Fleet:
 
 def start_validator(cfg: RunConfig, run_id: str, corpus: Optional[Corpus], ranges, units) -> Optional[Validator]:
     """verification.enabled: the validator of the run's contributions, started (None: verification is off, or the
-    run's model has no corpus to score on). ``units()``: the pool's units now; a node's own are the two it was
-    given last."""
+    run's model has no corpus to score on). ``ranges``: the units' byte ranges; ``units()``: the pool's units now. A
+    node's own data are the streams of the two units it was given last (a unit's streams lie across the split:
+    cotrain.data.streams)."""
     if not cfg.verification.enabled or corpus is None:
         if cfg.verification.enabled:
             logger.warning("verification: world models are not checked yet (their loss score needs rollouts)")
         return None
+    split = (corpus.train.start, corpus.train.end)
+
+    def streams(start: int, end: int) -> list[tuple[int, int]]:
+        return stream_ranges(start, end, cfg.data.batch_size, split)
 
     def own_units(node_id: str) -> list[tuple[int, int]]:
         mine = sorted((u for u in list(units()) if u.holder == node_id), key=lambda u: u.deadline, reverse=True)
-        return [(u.start, u.end) for u in mine[:2]]
+        return [r for u in mine[:2] for r in streams(u.start, u.end)]
 
-    validator = Validator(cfg, run_id, corpus, own_units, ranges)
+    validator = Validator(cfg, run_id, corpus, own_units, [streams(a, b) for a, b in ranges])
     validator.start()
     return validator
 

@@ -154,16 +154,18 @@ class Scorer:
 
 class Validator(threading.Thread):
     """Checks the evidence it is offered, one at a time, on its own thread. ``own_units(node_id)``: the byte ranges
-    of the units the node holds or finished last; ``all_units``: every unit's range (a random one is scored against);
+    the node reads for the units it holds or finished last (a unit's streams, one range each); ``all_units``: every
+    unit's ranges (a random unit the node does not hold is scored against);
     ``on_suspend``: called (on this thread) when a node is to be revoked, with its id and the reason (the service
     revokes :meth:`suspended` nodes on its own, every second)."""
 
     def __init__(self, cfg: RunConfig, run_id: str, corpus: Corpus, own_units: Callable[[str], list[tuple[int, int]]],
-                 all_units: Sequence[tuple[int, int]], on_suspend: Optional[Callable[[str, str], None]] = None,
+                 all_units: Sequence[Sequence[tuple[int, int]]], on_suspend: Optional[Callable[[str, str], None]] = None,
                  rng: Optional[random.Random] = None, now: Callable[[], float] = time.time,
                  book: Optional[Book] = None):
         super().__init__(name="validator", daemon=True)
-        self.cfg, self.run_id, self.own_units, self.all_units = cfg, run_id, own_units, list(all_units)
+        self.cfg, self.run_id, self.own_units = cfg, run_id, own_units
+        self.all_units = [list(u) for u in all_units]
         self.on_suspend, self.now = on_suspend, now
         self.rng = rng or random.Random()
         self.scorer = Scorer(cfg, corpus)
@@ -308,8 +310,8 @@ class Validator(threading.Thread):
         if not revealed.ok:
             return failed("commitment", revealed.reason)
         own = self.own_units(who.node_id)
-        others = [r for r in self.all_units if r not in own] or self.all_units
-        other = [others[self.rng.randrange(len(others))]]
+        others = [u for u in self.all_units if not set(u) & set(own)] or self.all_units
+        other = others[self.rng.randrange(len(others))]
         try:
             result = self.scorer.score(ev.params, ev.contribution, own, other)
         except ValueError as e:  # the global parameters in the evidence give no finite loss

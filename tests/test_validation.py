@@ -55,7 +55,7 @@ def key():
 
 def validator(setting, rng_seed=0):
     cfg, corpus, ranges, _, _ = setting
-    return Validator(cfg, RUN, corpus, own_units=lambda node_id: [ranges[0]], all_units=ranges,
+    return Validator(cfg, RUN, corpus, own_units=lambda node_id: [ranges[0]], all_units=[[r] for r in ranges],
                      rng=random.Random(rng_seed), now=lambda: 1000.0)
 
 

@@ -315,6 +315,9 @@ def report(runs: list, samples: int, device: str) -> None:
             r["vs_fast_node_alone"] = round(r["final_val_bpc"] / alone, 4) if alone else None
     print_table(f"long runs with the default config, {samples:,} samples a row, on {device}", COLUMNS,
                 table_rows(runs))
+    repeated = repeats(runs)
+    if repeated:
+        print_table("rows run more than once (other runs, other commits): the spread", REPEAT_COLUMNS, repeated)
     for r in runs:
         print(f"\n{r['name']} curve (samples: BPC): " + ", ".join(f"{s}: {b:.3f}" for s, b in r["curve"]))
         if r.get("setting"):
@@ -330,6 +333,31 @@ def table_rows(runs: list) -> list[list]:
              round(r["final_val_bpc"] / r["best_val_bpc"], 4), r["smoothed_final_over_best"],
              r["vs_plain"] or "-", _to_target(r), r.get("vs_fast_node_alone") or "-", r.get("vs_cotrain_3") or "-"]
             for r in runs]
+
+
+REPEAT_COLUMNS = ["row", "runs", "final BPC: mean (min-max)", "vs plain: mean (min-max)",
+                  "samples to plain's 50k BPC: mean (min-max)"]
+
+
+def repeats(runs: list) -> list[list]:
+    """For each row name run more than once: how many runs, and the mean and range of its figures (the spread a
+    single run's comparison is to be read against)."""
+    out = []
+    for name in dict.fromkeys(r["name"] for r in runs):
+        same = [r for r in runs if r["name"] == name]
+        if len(same) < 2:
+            continue
+
+        def spread(values, fmt):
+            values = [v for v in values if v is not None]
+            if not values:
+                return "-"
+            return f"{fmt(sum(values) / len(values))} ({fmt(min(values))}-{fmt(max(values))})"
+
+        out.append([name, len(same), spread([r["final_val_bpc"] for r in same], lambda v: f"{v:.4f}"),
+                    spread([r["vs_plain"] for r in same], lambda v: f"{v:.4f}"),
+                    spread([r.get("samples_to_plain_at_50k_ratio") for r in same], lambda v: f"{v:.3f}x")])
+    return out
 
 
 def _to_target(r: dict) -> str:
@@ -351,6 +379,11 @@ def write_markdown(path, results: dict) -> None:
                          f"{m.get('machine', '')}, torch {m.get('torch', '')}")
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in table_rows(runs)]
+    repeated = repeats(runs)
+    if repeated:
+        lines += ["", "Rows run more than once (other runs, other commits), their spread:", "",
+                  "| " + " | ".join(REPEAT_COLUMNS) + " |", "|" + "---|" * len(REPEAT_COLUMNS)]
+        lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in repeated]
     lines += ["", "The rows' settings: the run config's defaults, except where a row says otherwise.", ""]
     for r in runs:
         setting = f" ({r['setting']})" if r.get("setting") else ""

@@ -146,7 +146,7 @@ def start_fleet(options: CoordinatorOptions, resources: RayResources) -> Fleet:
 def start_validator(cfg: RunConfig, run_id: str, corpus: Optional[Corpus], ranges, units) -> Optional[Validator]:
     """verification.enabled: the validator of the run's contributions, started (None: verification is off, or the
     run's model has no corpus to score on). ``ranges``: the units' byte ranges; ``units()``: the pool's units now. A
-    node's own data are the streams of the two units it was given last (a unit's streams lie across the split:
+    node's data are the streams of the units it was given (a unit's streams lie across the split:
     cotrain.data.streams)."""
     if not cfg.verification.enabled or corpus is None:
         if cfg.verification.enabled:
@@ -157,9 +157,9 @@ def start_validator(cfg: RunConfig, run_id: str, corpus: Optional[Corpus], range
     def streams(start: int, end: int) -> list[tuple[int, int]]:
         return stream_ranges(start, end, cfg.data.batch_size, split)
 
-    def own_units(node_id: str) -> list[tuple[int, int]]:
+    def own_units(node_id: str) -> list[list[tuple[int, int]]]:
         mine = sorted((u for u in list(units()) if u.holder == node_id), key=lambda u: u.deadline, reverse=True)
-        return [r for u in mine[:2] for r in streams(u.start, u.end)]
+        return [streams(u.start, u.end) for u in mine]
 
     validator = Validator(cfg, run_id, corpus, own_units, [streams(a, b) for a, b in ranges])
     validator.start()

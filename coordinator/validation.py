@@ -38,7 +38,7 @@ from cotrain.data import Corpus
 from cotrain.models import build_model
 from cotrain.verification import score as scoring
 from cotrain.verification.commitment import decode_commitment, matches, verify_commitment
-from cotrain.verification.evidence import EvidenceError, decode_evidence
+from cotrain.verification.evidence import EvidenceError, decode_evidence, merged
 from cotrain.verification.reputation import Book, weight_multiplier
 
 logger = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ MAX_COMMITMENTS = 8
 #: commitments remembered to find a repeated contribution: rounds of every node, minutes to hours of a run
 REMEMBERED_COMMITMENTS = 65536
 COPY = "copy"
+READS = "reads"
 
 
 @dataclass(frozen=True)
@@ -154,12 +155,14 @@ class Scorer:
 
 class Validator(threading.Thread):
     """Checks the evidence it is offered, one at a time, on its own thread. ``own_units(node_id)``: the byte ranges
-    the node reads for the units it holds or finished last (a unit's streams, one range each); ``all_units``: every
-    unit's ranges (a random unit the node does not hold is scored against);
+    the node reads for each unit it holds or finished, the latest first (a unit's streams, one range each): the
+    ranges its evidence says it read must lie in them, and without such ranges its latest two units are scored on;
+    ``all_units``: every unit's ranges (a random unit the node does not hold is scored against);
     ``on_suspend``: called (on this thread) when a node is to be revoked, with its id and the reason (the service
     revokes :meth:`suspended` nodes on its own, every second)."""
 
-    def __init__(self, cfg: RunConfig, run_id: str, corpus: Corpus, own_units: Callable[[str], list[tuple[int, int]]],
+    def __init__(self, cfg: RunConfig, run_id: str, corpus: Corpus,
+                 own_units: Callable[[str], list[list[tuple[int, int]]]],
                  all_units: Sequence[Sequence[tuple[int, int]]], on_suspend: Optional[Callable[[str, str], None]] = None,
                  rng: Optional[random.Random] = None, now: Callable[[], float] = time.time,
                  book: Optional[Book] = None):
@@ -309,8 +312,14 @@ class Validator(threading.Thread):
         revealed = matches(signed.commitment, ev.contribution_bytes)
         if not revealed.ok:
             return failed("commitment", revealed.reason)
-        own = self.own_units(who.node_id)
-        others = [u for u in self.all_units if not set(u) & set(own)] or self.all_units
+        units = self.own_units(who.node_id)
+        given = merged([r for u in units for r in u])
+        outside = next(((a, b) for a, b in ev.reads if not any(c <= a and b <= d for c, d in given)), None)
+        if outside is not None:
+            return failed(READS, f"evidence.reads: bytes [{outside[0]}, {outside[1]}) are in no work unit this node "
+                          "was given")
+        own = list(ev.reads) or [r for u in units[:2] for r in u]
+        others = [u for u in self.all_units if not set(u) & {r for u in units for r in u}] or self.all_units
         other = others[self.rng.randrange(len(others))]
         try:
             result = self.scorer.score(ev.params, ev.contribution, own, other)

@@ -20,7 +20,7 @@ from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 from urllib.parse import urlparse
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -49,14 +49,16 @@ def _eval_view(e: EvalRow) -> dict:
 
 
 def history_view(rows: list[HistoryRow], evals: list[EvalRow], names: dict[str, str],
-                 bucket_s: float = BUCKET_S) -> dict:
+                 bucket_s: float = BUCKET_S, reputations: Optional[dict[str, float]] = None) -> dict:
     """The dashboard's curves from the stored history rows, as a pure function of them.
 
     Per node: loss over time. Per ``bucket_s`` bucket: nodes that reported, summed samples/s, and the bytes every
     node had sent and received by then (each node's latest counters, summed). Leaderboard: samples each node
     trained on, time between its first and last report, rounds it averaged. Evaluations: time, round, validation
     loss and BPC, and the swarm's samples at the checkpoint (``samples``) with the lr there (``lr``), for the
-    learning curve (None where unknown, as in rows stored before they were recorded).
+    learning curve (None where unknown, as in rows stored before they were recorded). ``reputations``
+    (verification): each checked node's reputation weight, 0 once suspended; the leaderboard then ranks by verified
+    samples, each node's samples times its weight (an unchecked node's count fully).
     """
     points, buckets, latest = [], {}, {}
     first_seen, last_seen, best = {}, {}, {}
@@ -81,7 +83,10 @@ def history_view(rows: list[HistoryRow], evals: list[EvalRow], names: dict[str, 
     board = [{"node": n, "name": names.get(n, n[:8]), "samples": int(best[n].get("samples_local", 0)),
               "online_s": last_seen[n] - first_seen[n], "rounds": int(best[n].get("rounds_completed", 0))}
              for n in best]
-    board.sort(key=lambda c: c["samples"], reverse=True)
+    if reputations is not None:
+        for c in board:
+            c["verified_samples"] = int(c["samples"] * reputations.get(c["node"], 1.0))
+    board.sort(key=lambda c: c.get("verified_samples", c["samples"]), reverse=True)
     return {"points": points, "buckets": out_buckets, "names": names, "leaderboard": board,
             "evals": [_eval_view(e) for e in evals]}
 
@@ -135,6 +140,15 @@ class SwarmCollector:
             if n.reachability:
                 reachable.add_metric([n.node_name, n.state], float(n.reachability == "public"))
         yield reachable
+        reputation = GaugeMetricFamily("cotrain_node_reputation", "verification: the weight the node's checks give it "
+                                       "(1: none failed, 0: suspended)", labels=["node", "state"])
+        for n in h.nodes:
+            if n.HasField("verification"):
+                reputation.add_metric([n.node_name, n.state],
+                                      0.0 if n.verification.suspended else n.verification.reputation)
+        yield reputation
+        yield CounterMetricFamily("cotrain_validator_cpu_seconds", "verification: CPU seconds the coordinator's "
+                                  "validator spent checking contributions", value=float(t.validator_cpu_s))
         yield GaugeMetricFamily("cotrain_alerts", "alerts in the health view (stragglers, lost nodes, refused peers)",
                                 value=float(len(h.alerts)))
 
@@ -194,7 +208,10 @@ class WebServer:
 
     def history(self) -> dict:
         names = {n.node_id: n.name for n in self.store.load_nodes()}
-        return history_view(self.store.history(), self.store.evals(), names)
+        checked = [n for n in self.health().nodes if n.HasField("verification")]
+        reputations = {n.node_id: 0.0 if n.verification.suspended else n.verification.reputation for n in checked}
+        return history_view(self.store.history(), self.store.evals(), names,
+                            reputations=reputations if checked else None)
 
     def start(self) -> None:
         self.thread.start()

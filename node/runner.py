@@ -233,6 +233,8 @@ class Node:
                 if self.stop.is_set():
                     break
             batch, reset_state = batches.next()
+            if self.evidence is not None and hasattr(batches, "last_ranges"):  # what a validator scores it on
+                self.evidence.note_read(batches.last_ranges())
             if reset_state:
                 state = None
             if self.stop.is_set():

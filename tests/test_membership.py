@@ -65,6 +65,10 @@ def test_history_view_builds_the_dashboard_curves():
     assert view_["leaderboard"][0]["online_s"] == 12.0
     assert view_["points"][1]["loss"] is None  # NaN is not JSON
     assert view_["evals"] == [{"t": 105.0, "round": 1, "val_loss": 2.9, "val_bpc": None, "samples": None, "lr": None}]
+    assert "verified_samples" not in view_["leaderboard"][0]  # no verification: nothing is called verified
+    # with verification, a suspended node's samples count for nothing and the board ranks by what is verified
+    checked = history_view(rows, evals, {"a": "alice", "b": "bob"}, bucket_s=10.0, reputations={"a": 0.0})
+    assert [(c["name"], c["verified_samples"]) for c in checked["leaderboard"]] == [("bob", 80), ("alice", 0)]
 
 
 @pytest.mark.parametrize("node, since, forgotten", [

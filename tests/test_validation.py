@@ -55,12 +55,13 @@ def key():
 
 def validator(setting, rng_seed=0):
     cfg, corpus, ranges, _, _ = setting
-    return Validator(cfg, RUN, corpus, own_units=lambda node_id: [ranges[0]], all_units=[[r] for r in ranges],
+    return Validator(cfg, RUN, corpus, own_units=lambda node_id: [[ranges[0]]], all_units=[[r] for r in ranges],
                      rng=random.Random(rng_seed), now=lambda: 1000.0)
 
 
-def evidence(key, setting, contribution, round_number=3):
+def evidence(key, setting, contribution, round_number=3, reads=()):
     keeper = EvidenceKeeper(key, RUN, PEER)
+    keeper.note_read(reads)
     keeper.keep(round_number, "hash", setting[3], contribution)
     return keeper.encoded(round_number)
 
@@ -88,6 +89,16 @@ def test_attacks_fail_the_loss_score(setting, key, attack, failed):
     check = validator(setting).check(who(key), 3, evidence(key, setting, contribution))
     assert not check.passed and check.failed in (failed, "blows_up"), check
     assert check.weight == 1.0
+
+
+def test_the_bytes_a_node_read_are_scored_and_must_lie_in_its_units(setting, key):
+    own = setting[2][0]
+    read = [(own[0] + 1000, own[0] + 3000)]
+    assert validator(setting).check(who(key), 3, evidence(key, setting, setting[4], reads=read)).passed
+    elsewhere = setting[2][5]
+    check = validator(setting).check(who(key), 3, evidence(key, setting, setting[4],
+                                                           reads=[(elsewhere[0], elsewhere[0] + 500)]))
+    assert not check.passed and check.failed == "reads" and "no work unit" in check.reason
 
 
 def test_evidence_signed_by_another_key_fails_before_scoring(setting, key):

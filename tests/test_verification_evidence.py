@@ -49,6 +49,24 @@ def test_the_commitment_is_the_peers_and_covers_the_contribution(keeper, key):
                                  peer_id=PEER).ok
 
 
+def test_the_reads_since_the_last_round_go_with_its_evidence_merged(key):
+    k = EvidenceKeeper(key, RUN, PEER)
+    k.note_read([(100, 133), (500, 533)])
+    k.note_read([(132, 165), (532, 565)])  # the next batch of each stream overlaps by a byte
+    k.keep(1, "h", PARAMS, torch.zeros(NUMEL))
+    k.note_read([(165, 198)])
+    k.keep(2, "h", PARAMS, torch.zeros(NUMEL))
+    assert decode_evidence(k.encoded(1), NUMEL).reads == ((100, 165), (500, 565))
+    assert decode_evidence(k.encoded(2), NUMEL).reads == ((165, 198),)
+
+
+def test_overlapping_or_empty_reads_are_refused():
+    for reads in (((10, 20), (15, 30)), ((10, 10),), ((30, 40), (10, 20))):
+        data = encode_evidence(Evidence(1, "h", b"c", torch.zeros(NUMEL), torch.zeros(NUMEL), reads))
+        with pytest.raises(EvidenceError, match="evidence.reads"):
+            decode_evidence(data, NUMEL)
+
+
 def test_nothing_kept_says_round_zero(key):
     assert EvidenceKeeper(key, RUN, PEER).latest() == 0
     assert EvidenceKeeper(key, RUN, PEER).encoded(1) is None

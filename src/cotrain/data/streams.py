@@ -50,6 +50,7 @@ class StreamBatches:
         self.starts = [s for s, _ in ranges]
         self.chunk_bytes = max(chunk_bytes, seq_len + 1)
         self.position = 0  # offset inside every stream
+        self.last_position: Optional[int] = None  # where the last batch began in every stream
         self.epoch = 0
         self._buffers = [b""] * batch_size
         self._buffer_pos = [0] * batch_size
@@ -65,6 +66,12 @@ class StreamBatches:
             pos = offset
         return buf[offset - pos: offset - pos + n]
 
+    def last_ranges(self) -> list[tuple[int, int]]:
+        """The byte ranges the last batch read, one a stream (none before the first batch)."""
+        if self.last_position is None:
+            return []
+        return [(s + self.last_position, s + self.last_position + self.seq_len + 1) for s in self.starts]
+
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """-> (inputs, targets, new_epoch). new_epoch: the streams wrapped, so reset the carried hidden state."""
         new_epoch = False
@@ -72,6 +79,7 @@ class StreamBatches:
             self.position, new_epoch = 0, True
             self.epoch += 1
         rows = [self._take(i, self.position, self.seq_len + 1) for i in range(self.batch_size)]
+        self.last_position = self.position
         self.position += self.seq_len
         data = torch.frombuffer(bytearray(b"".join(rows)), dtype=torch.uint8).view(self.batch_size, -1).long()
         return data[:, :-1], data[:, 1:], new_epoch

@@ -38,6 +38,10 @@ class LanguageTrainData:
         x, y, new_epoch = self.batches.next_batch()
         return (x, y), new_epoch
 
+    def last_ranges(self) -> list[tuple[int, int]]:
+        """The byte ranges of the training split the last batch came from (what a validator scores a node on)."""
+        return self.batches.last_ranges()
+
 
 class LanguageTask:
     needs_corpus = True

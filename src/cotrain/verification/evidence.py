@@ -7,10 +7,15 @@ contribution against the parameters (:func:`cotrain.verification.score.loss_scor
 the node's record key, whose public half its credential names, so a score is attributable to the node and to
 nothing else; the commitment covers the contribution's exact bytes (float32, little-endian).
 
+The evidence also names the bytes of the training split the node read since its previous round's evidence (its
+batches' ranges, merged): the validator checks that they lie in the node's work units and scores the contribution on
+them, where an honest node's update must lower the loss.
+
 Wire format (little-endian; every length bounded, no trailing bytes)::
 
-    MAGIC | u64 round | u16 len, state hash (ascii) | u32 len, commitment | u64 numel
-          | numel float32: the global parameters, flat, in the model's order | numel float32: the contribution
+    MAGIC | u64 round | u16 len, state hash (ascii) | u32 len, commitment | u32 n, n x (u64 start, u64 end): reads
+          | u64 numel | numel float32: the global parameters, flat, in the model's order | numel float32: the
+          contribution
 
 Bytes from a peer are hostile: :func:`decode_evidence` takes the number of values the validator's own model has and
 raises :class:`EvidenceError` naming the field at fault (never anything else).
@@ -35,6 +40,9 @@ MAX_HASH_CHARS = 128
 #: rounds whose evidence a node keeps: a validator asks for the latest round it heard of, which a node that went on
 #: has finished by the time the request comes back on its next heartbeat
 KEEP_ROUNDS = 3
+#: read ranges a round's evidence names at most: a batch reads one range a stream, and a stream's consecutive batches
+#: merge into one range, so a round holds about one a stream (two where a unit ends); more are dropped, oldest first
+MAX_READS = 1024
 
 
 class EvidenceError(ValueError):
@@ -48,6 +56,7 @@ class Evidence:
     commitment: bytes  # encoded (:func:`cotrain.verification.commitment.encode_commitment`)
     params: torch.Tensor  # flat float32: the round's global parameters
     contribution: torch.Tensor  # flat float32: the contribution as the group decoded it
+    reads: tuple[tuple[int, int], ...] = ()  # byte ranges of the training split read for it, sorted, disjoint
 
     @property
     def contribution_bytes(self) -> bytes:
@@ -61,7 +70,7 @@ def contribution_bytes(flat: torch.Tensor) -> bytes:
 
 def evidence_bytes(numel: int) -> int:
     """The most bytes the evidence of a model of ``numel`` values takes: what a validator takes in at most."""
-    return len(MAGIC) + 8 + 2 + MAX_HASH_CHARS + 4 + MAX_COMMITMENT_BYTES + 8 + 8 * numel
+    return len(MAGIC) + 8 + 2 + MAX_HASH_CHARS + 4 + MAX_COMMITMENT_BYTES + 4 + 16 * MAX_READS + 8 + 8 * numel
 
 
 def encode_evidence(ev: Evidence) -> bytes:
@@ -71,8 +80,11 @@ def encode_evidence(ev: Evidence) -> bytes:
     if ev.params.numel() != ev.contribution.numel():
         raise ValueError(f"evidence.contribution: {ev.contribution.numel()} values, the parameters "
                          f"{ev.params.numel()}")
+    if len(ev.reads) > MAX_READS:
+        raise ValueError(f"evidence.reads: {len(ev.reads)} ranges (at most {MAX_READS})")
+    reads = struct.pack(f"<I{2 * len(ev.reads)}Q", len(ev.reads), *[v for r in ev.reads for v in r])
     return b"".join([MAGIC, struct.pack("<QH", ev.round, len(state_hash)), state_hash,
-                     struct.pack("<I", len(ev.commitment)), ev.commitment, struct.pack("<Q", ev.params.numel()),
+                     struct.pack("<I", len(ev.commitment)), ev.commitment, reads, struct.pack("<Q", ev.params.numel()),
                      contribution_bytes(ev.params), ev.contribution_bytes])
 
 
@@ -106,6 +118,13 @@ def decode_evidence(data: bytes, numel: int) -> Evidence:
     if not 1 <= commitment_len <= MAX_COMMITMENT_BYTES:
         raise EvidenceError(f"evidence.commitment: {commitment_len} bytes (1 to {MAX_COMMITMENT_BYTES})")
     commitment = bytes(take(commitment_len, "commitment"))
+    (n_reads,) = struct.unpack("<I", take(4, "reads"))
+    if n_reads > MAX_READS:
+        raise EvidenceError(f"evidence.reads: {n_reads} ranges (at most {MAX_READS})")
+    values = struct.unpack(f"<{2 * n_reads}Q", take(16 * n_reads, "reads"))
+    reads = tuple(zip(values[::2], values[1::2]))
+    if any(a >= b for a, b in reads) or any(reads[i][1] > reads[i + 1][0] for i in range(len(reads) - 1)):
+        raise EvidenceError("evidence.reads: ranges must be non-empty, sorted and disjoint")
     (count,) = struct.unpack("<Q", take(8, "numel"))
     if count != numel:
         raise EvidenceError(f"evidence.numel: {count} values, this run's model has {numel}")
@@ -115,11 +134,22 @@ def decode_evidence(data: bytes, numel: int) -> Evidence:
         raise EvidenceError(f"evidence: {len(data) - pos} trailing bytes")
     if not bool(torch.isfinite(params).all()):
         raise EvidenceError("evidence.params: non-finite values")
-    return Evidence(round_, state_hash, commitment, params, contribution)
+    return Evidence(round_, state_hash, commitment, params, contribution, reads)
 
 
 def _floats(raw: memoryview) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(raw, dtype="<f4").astype(np.float32))
+
+
+def merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``ranges`` sorted, with those that overlap or touch made one."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 def flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -135,6 +165,7 @@ class EvidenceKeeper:
         self.key, self.run_id, self.peer_id, self.keep_rounds = key, run_id, peer_id, keep_rounds
         self._lock = threading.Lock()
         self._kept: OrderedDict[int, Evidence] = OrderedDict()
+        self._reads: list[tuple[int, int]] = []  # read since the last evidence kept, merged
 
     def keep(self, round_number: int, state_hash: str, params: Sequence[torch.Tensor],
              contribution: torch.Tensor) -> None:
@@ -143,12 +174,18 @@ class EvidenceKeeper:
         ev_params, ev_contribution = flat(params), flat([contribution])
         signed = commit(self.key, run_id=self.run_id, round=round_number, peer_id=self.peer_id,
                         contribution=contribution_bytes(ev_contribution))
-        ev = Evidence(round_number, state_hash, encode_commitment(signed), ev_params, ev_contribution)
         with self._lock:
+            reads, self._reads = tuple(self._reads[-MAX_READS:]), []
+            ev = Evidence(round_number, state_hash, encode_commitment(signed), ev_params, ev_contribution, reads)
             self._kept[round_number] = ev
             self._kept.move_to_end(round_number)
             while len(self._kept) > self.keep_rounds:
                 self._kept.popitem(last=False)
+
+    def note_read(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Byte ranges of the training split a batch read (the main thread, every step)."""
+        with self._lock:
+            self._reads = merged(self._reads + [tuple(r) for r in ranges])[-MAX_READS:]
 
     def latest(self) -> int:
         """The latest round kept (0: none; round 0's evidence is asked for by no one)."""

@@ -190,12 +190,14 @@ class Validator(threading.Thread):
 
     # ---- the service's side (the event loop's thread) ----------------------------------------------------------
     def wants(self, node_id: str, latest: int) -> int:
-        """The round whose evidence to ask ``node_id`` for, which holds ``latest``; 0: none."""
+        """The round whose evidence to ask ``node_id`` for, which holds ``latest``; 0: none. Every new round of a node
+        on probation (fewer than ``probation_checks`` checks), else one drawn with ``sample_rate``."""
         with self._lock:
             if latest <= self._offered.get(node_id, 0) or node_id in self._suspended:
                 return 0
             self._offered[node_id] = latest
-            if not draw(self.rng, self.cfg.verification.sample_rate):
+            on_probation = self._counts.get(node_id, (0, 0, ""))[0] < self.cfg.verification.probation_checks
+            if not on_probation and not draw(self.rng, self.cfg.verification.sample_rate):
                 return 0
             self._requested[node_id] = latest
         return latest

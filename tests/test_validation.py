@@ -127,6 +127,19 @@ def test_repeated_failures_suspend_the_node_and_only_it(setting, key):
     assert v.wants("node-a", 10) == 0  # a suspended node is asked for nothing
 
 
+def test_a_new_node_is_checked_every_round_then_at_the_sample_rate(setting, key, corpus_file):
+    cfg, corpus, ranges, _, _ = setting
+    cfg = cfg.model_copy(update={"verification": cfg.verification.model_copy(
+        update={"sample_rate": 0.01, "probation_checks": 2})})
+    v = Validator(cfg, RUN, corpus, own_units=lambda node_id: [[ranges[0]]], all_units=[[r] for r in ranges],
+                  rng=random.Random(0), now=lambda: 1000.0)
+    honest = evidence(key, setting, setting[4])
+    for r in (1, 2):  # on probation: asked every round
+        assert v.wants("node-a", r) == r
+        v.record(who(key), v.check(who(key), 3, honest))
+    assert sum(v.wants("node-a", r) > 0 for r in range(3, 103)) < 10  # then about 1 in 100
+
+
 def test_a_round_is_asked_for_once_and_only_that_round_is_taken(setting, key):
     v = validator(setting)  # sample_rate 1: every offered round is drawn
     assert v.wants("node-a", 5) == 5 and v.requested("node-a") == 5

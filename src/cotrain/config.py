@@ -404,11 +404,19 @@ class VerificationConfig(_Section):
     asked; the coordinator scores it by the loss it lowers on the node's own work units and on a random unit, keeps
     each node's reputation, and revokes a node that keeps failing."""
 
+    #: off by default, for two reasons: a check costs the node an upload of its round's evidence (8 bytes a
+    #: parameter, about what the all-reduce sends in a round; at sample_rate 0.5 half a round's worth a round), and an
+    #: attacker that sends its group one contribution and the validator another is not caught yet. Turn it on for a
+    #: swarm of strangers: bench/verify.py (docs/results/verify.md) measures what it catches and costs
     enabled: bool = False
     #: the chance that a node's latest round is checked when it offers it (about once a round: rounds are longer
     #: than a heartbeat). Each check costs the node an upload of 8 bytes a parameter and the coordinator four forward
     #: passes over ``score_windows`` windows
     sample_rate: float = Field(0.5, gt=0.0, le=1.0)
+    #: a node's first checks are made on every round it offers, whatever sample_rate says: a node that attacks from
+    #: its first round is caught within a few rounds (at 0.5, a node went unchecked for 4 of its first rounds in 1 of
+    #: 16 runs), and an honest one then uploads at sample_rate
+    probation_checks: int = Field(3, ge=0, le=1000)
     #: windows of seq_len bytes, spread evenly over the units, each loss is measured on
     score_windows: int = Field(32, ge=1, le=4096)
     #: the outer step along the contribution that is scored: params - score_step x contribution. 1 is the node's

@@ -58,9 +58,11 @@ class Issuer:
         return sign_revocations(self.key, run_id=self.run_id, version=self.version, node_ids=self.revoked,
                                 now=self.clock())
 
-    def issue(self, node_id: str, peer_id: str, record_key: bytes, role: str = "node") -> bytes:
+    def issue(self, node_id: str, peer_id: str, record_key: bytes, role: str = "node",
+              reputation: float = 1.0) -> bytes:
         return issue_credential(self.key, run_id=self.run_id, node_id=node_id, peer_id=peer_id,
-                                record_public_key=record_key, role=role, now=self.clock(), ttl=self.ttl)
+                                record_public_key=record_key, role=role, now=self.clock(), ttl=self.ttl,
+                                reputation=reputation)
 
     def revoke(self, node_ids: set[str]) -> bool:
         """Add ``node_ids`` to the list; True (and a new signed version) when any is new."""

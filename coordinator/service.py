@@ -90,6 +90,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.peers: dict[str, PeerRecord] = store.load_peers()
         #: node -> when its current credential was issued (unknown after a restart: renewed on the next heartbeat)
         self.issued: dict[str, float] = {}
+        #: node -> the reputation its current credential carries (verification)
+        self.issued_reputation: dict[str, float] = {}
         #: node -> the revocation list version it was last sent
         self.revocations_sent: dict[str, int] = {}
         self.nodes: dict[str, NodeRecord] = {n.node_id: n for n in store.load_nodes()}
@@ -124,7 +126,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         left or were lost; a forgotten node that comes back gets UNAUTHENTICATED and joins again."""
         for node_id, why in nodes_to_forget(self.clock(), self._views(), self.run.heartbeat_interval,
                                             self.run.lost_after_missed, self.run.forget_after_s, self.started):
-            for table in (self.nodes, self.peers, self.issued, self.revocations_sent, self.rates):
+            for table in (self.nodes, self.peers, self.issued, self.issued_reputation, self.revocations_sent,
+                          self.rates):
                 table.pop(node_id, None)
             self.store.forget_in_memory(node_id)
             logger.info("%s", why)
@@ -270,9 +273,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         if self.validator is not None:
             self._verification(node.node_id, request, response)
         peer = self.peers.get(node.node_id)
-        if peer is not None and needs_renewal(self.issued.get(node.node_id, 0.0), now, self.issuer.ttl):
-            response.credential = self.issuer.issue(node.node_id, peer.peer_id, peer.record_key)
-            self.issued[node.node_id] = now
+        reputation = self.validator.weight(node.node_id) if self.validator is not None else 1.0
+        if peer is not None and (needs_renewal(self.issued.get(node.node_id, 0.0), now, self.issuer.ttl)
+                                 or abs(reputation - self.issued_reputation.get(node.node_id, 1.0)) >= 0.05):
+            response.credential = self.issuer.issue(node.node_id, peer.peer_id, peer.record_key,
+                                                    reputation=reputation)
+            self.issued[node.node_id], self.issued_reputation[node.node_id] = now, reputation
         if self.revocations_sent.get(node.node_id, -1) < self.issuer.version:
             response.revocations = self.issuer.signed_revocations
             self.revocations_sent[node.node_id] = self.issuer.version

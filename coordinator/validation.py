@@ -55,6 +55,8 @@ MAX_COMMITMENTS = 8
 #: commitments remembered to find a repeated contribution: rounds of every node, minutes to hours of a run
 REMEMBERED_COMMITMENTS = 65536
 COPY = "copy"
+#: the least weight a credential carries: a node whose reputation says less is suspended, not weighted
+MIN_WEIGHT = 1e-3
 READS = "reads"
 
 
@@ -255,6 +257,14 @@ class Validator(threading.Thread):
                 self.refused += 1
             return "the validator is busy: ask again later"
         return ""
+
+    def weight(self, node_id: str) -> float:
+        """The weight the node's checks give it in aggregation, in (0, 1] (a suspended node is revoked instead)."""
+        now = self.now()
+        with self._lock:
+            rep = self.book.nodes.get(node_id)
+            weight = 1.0 if rep is None else weight_multiplier(rep, now, self.book.policy)
+        return min(1.0, max(MIN_WEIGHT, weight))
 
     def totals(self) -> tuple[float, int]:
         """(CPU seconds spent checking, checks made)."""

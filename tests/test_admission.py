@@ -27,9 +27,10 @@ class Clock:
         return self.now
 
 
-def credential(key, now=1000.0, ttl=300.0, run_id=RUN, peer_id=PEER, node_id="a" * 32, role="node"):
+def credential(key, now=1000.0, ttl=300.0, run_id=RUN, peer_id=PEER, node_id="a" * 32, role="node",
+               reputation=1.0):
     return issue_credential(key, run_id=run_id, node_id=node_id, peer_id=peer_id, record_public_key=RECORD_KEY,
-                            role=role, now=now, ttl=ttl)
+                            role=role, now=now, ttl=ttl, reputation=reputation)
 
 
 @pytest.fixture
@@ -43,6 +44,22 @@ def test_a_valid_credential_admits_its_peer(key):
     verdict = gate.check(credential(key), PEER, "a state download", record_public_key=RECORD_KEY)
     assert verdict.ok and verdict.node_id == "a" * 32 and verdict.expires == 1300.0
     assert gate.refused == 0
+
+
+def test_a_peers_reputation_is_its_newest_credentials(key):
+    clock = Clock()
+    gate = Admission(RUN, key.public_key(), clock=clock)
+    assert gate.reputation(PEER) == 1.0  # none seen
+    assert gate.check(credential(key, now=1000.0, reputation=0.5), PEER, "a part").ok
+    assert gate.reputation(PEER) == 0.5
+    assert gate.check(credential(key, now=990.0), PEER, "a part").ok  # an older credential undoes nothing
+    assert gate.reputation(PEER) == 0.5
+    assert gate.check(credential(key, now=1001.0, reputation=0.75), PEER, "a part").ok
+    assert gate.reputation(PEER) == 0.75
+    assert gate.check(credential(key, now=1000.0, peer_id="x" * 46), PEER, "a part").ok is False
+    assert gate.reputation(PEER) == 0.75  # a refused credential says nothing
+    with pytest.raises(ValueError, match="reputation"):
+        credential(key, reputation=0.0)
 
 
 @pytest.mark.parametrize("case", ["none", "garbage", "oversized", "other_key", "other_run", "other_peer", "expired",

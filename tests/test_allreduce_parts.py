@@ -94,3 +94,16 @@ def test_what_a_member_sends_is_what_the_host_decodes():
     assert struct.unpack("<d", piece[:8]) == (3.0,)
     assert torch.equal(decoded, Int8Blockwise().decode(piece[8:], 1000))
     assert not torch.equal(decoded, vector)  # lossy: error feedback keeps the difference
+
+
+def test_a_members_reputation_scales_what_its_work_is_credited_with():
+    torch.manual_seed(0)
+    common = torch.randn(100)
+    vectors = {p: common + torch.randn(100) for p in "abc"}
+    pieces = {p: contribution_piece(v, 1.0, NoCompression())[0] for p, v in vectors.items()}
+    reputation = {"a": 1.0, "b": 0.25, "c": 1.0}.get
+    count, average, credits = hosted_average(
+        hosted_reduce(pieces, 100, NoCompression(), weighted_mean, {}, reputation), "abc", 100, NoCompression())
+    plain = credited_weights(list(vectors.values()), [1.0, 1.0, 1.0])
+    assert credits == {"a": plain[0], "b": plain[1] * 0.25, "c": plain[2]}
+    assert torch.allclose(average, weighted_mean(list(vectors.values()), list(credits.values())), atol=1e-6)

@@ -125,6 +125,13 @@ def test_repeated_failures_suspend_the_node_and_only_it(setting, key):
     assert verdicts["node-a"].suspended and verdicts["node-a"].fails == 3 and "weight 3" in verdicts["node-a"].reason
     assert not verdicts["node-b"].suspended and verdicts["node-b"].fails == 0
     assert v.wants("node-a", 10) == 0  # a suspended node is asked for nothing
+    assert v.weight("node-b") == 1.0 and v.weight("node-z") == 1.0  # passed, or never checked
+
+
+def test_a_failed_check_lowers_the_weight_a_credential_carries(setting, key):
+    v = validator(setting)
+    v.record(who(key), v.check(who(key), 3, evidence(key, setting, torch.zeros_like(setting[4]))))
+    assert v.weight("node-a") == pytest.approx(2 / 3)  # the prior of 2 passes against one failure
 
 
 def test_a_new_node_is_checked_every_round_then_at_the_sample_rate(setting, key, corpus_file):

@@ -96,12 +96,16 @@ def public_key_from_bytes(data: bytes) -> Ed25519PublicKey:
 
 # ---- signing (the coordinator) ---------------------------------------------------------------------------------------
 def issue_credential(key: Ed25519PrivateKey, *, run_id: str, node_id: str, peer_id: str, record_public_key: bytes,
-                     role: str, now: float, ttl: float) -> bytes:
-    """A serialized :class:`SignedCredential` valid from ``now`` for ``ttl`` seconds."""
+                     role: str, now: float, ttl: float, reputation: float = 1.0) -> bytes:
+    """A serialized :class:`SignedCredential` valid from ``now`` for ``ttl`` seconds; ``reputation``: the weight
+    verification gives the member, in (0, 1]."""
     if role not in ROLES:
         raise ValueError(f"role: expected one of {ROLES}, got {role!r}")
+    if not 0.0 < reputation <= 1.0:
+        raise ValueError(f"reputation: expected a number in (0, 1], got {reputation}")
     body = pb.Credential(run_id=run_id, node_id=node_id, peer_id=peer_id, record_public_key=record_public_key,
-                         role=role, issued_unix=now, expires_unix=now + ttl).SerializeToString()
+                         role=role, issued_unix=now, expires_unix=now + ttl,
+                         reputation=reputation).SerializeToString()
     return pb.SignedCredential(body=body, signature=key.sign(CREDENTIAL_DOMAIN + body)).SerializeToString()
 
 
@@ -205,6 +209,8 @@ class Admission:
         self._credential = credential
         self._lock = threading.Lock()
         self._cache: dict[bytes, pb.Credential] = {}
+        #: peer id -> (issued_unix, reputation) of the newest valid credential it presented
+        self._reputations: dict[str, tuple[float, float]] = {}
         self.revoked: frozenset = frozenset()
         self.revocations_version = -1
         self.refused = 0
@@ -259,8 +265,27 @@ class Admission:
                 if len(self._cache) >= self.CACHE_SIZE:
                     self._cache.clear()
                 self._cache[digest] = cred
-        return credential_decision(cred, run_id=self.run_id, peer_id=peer_id, now=self.clock(), revoked=self.revoked,
-                                   record_public_key=record_public_key)
+        verdict = credential_decision(cred, run_id=self.run_id, peer_id=peer_id, now=self.clock(),
+                                      revoked=self.revoked, record_public_key=record_public_key)
+        if verdict.ok:
+            self._note_reputation(peer_id, cred)
+        return verdict
+
+    def _note_reputation(self, peer_id: str, cred: pb.Credential) -> None:
+        value = cred.reputation if 0.0 < cred.reputation <= 1.0 else 1.0
+        with self._lock:
+            known = self._reputations.get(peer_id)
+            if known is None or cred.issued_unix >= known[0]:  # an older credential does not undo a newer one
+                if known is None and len(self._reputations) >= self.CACHE_SIZE:
+                    self._reputations.clear()
+                self._reputations[peer_id] = (cred.issued_unix, value)
+
+    def reputation(self, peer_id: str) -> float:
+        """The weight verification gives ``peer_id``, from the newest credential it presented (1: none seen, or
+        never checked)."""
+        with self._lock:
+            known = self._reputations.get(peer_id)
+        return 1.0 if known is None else known[1]
 
     def check(self, credential: bytes, peer_id: str, what: str,
               record_public_key: Optional[bytes] = None) -> Verdict:

@@ -169,15 +169,27 @@ def _reduce_part(exchange: Exchange, tag: str, group: list, names: list[str], mi
     others = [(p, f"{tag}/in/{mine}/{name}") for p, name in zip(group, names) if name != names[mine]]
     fetched = exchange.fetch_many(others, wait_s=timeout, large=_streams(b - a), max_bytes=8 + encoded_bound(b - a))
     result = _aggregate(names, _insert(fetched, mine, struct.pack("<d", weight) + own), b - a, codec, aggregator,
-                        dropped)
+                        dropped, reputation_of(exchange))
     exchange.publish(tag, f"{tag}/out/{mine}", result, readers=len(group) - 1)  # every groupmate gathers every part
     return result
 
 
+def full_reputation(peer: str) -> float:
+    return 1.0
+
+
+def reputation_of(exchange) -> Callable[[str], float]:
+    """The weights verification gives the peers, from the credentials the exchange's admission checked (1 each when
+    it keeps none: an in-memory exchange)."""
+    admission = getattr(exchange, "admission", None)
+    return getattr(admission, "reputation", full_reputation)
+
+
 def _aggregate(names: Sequence[str], payloads: Sequence[Optional[bytes]], numel: int, codec: Codec,
-               aggregator: Aggregator, dropped: dict) -> bytes:
+               aggregator: Aggregator, dropped: dict, reputation: Callable[[str], float] = full_reputation) -> bytes:
     """Aggregate the contributions (weight, then the encoded values; None: none came) in ``names``' order, each
-    weighted by the work it shows. -> the result (:func:`_pack_result`: how many were aggregated, each name's
+    weighted by the work it shows times the member's ``reputation`` (verification: what its newest credential
+    says). -> the result (:func:`_pack_result`: how many were aggregated, each name's
     credited weight, 0 for those left out, and the encoded aggregate). Those left out are named in ``dropped``, with
     why; the caller's own is among them and is valid, so at least one is aggregated."""
     parts, weights, kept = [], [], []
@@ -200,7 +212,8 @@ def _aggregate(names: Sequence[str], payloads: Sequence[Optional[bytes]], numel:
         parts.append(part)
         weights.append(w)
         kept.append(name)
-    credited = credited_weights(parts, weights)
+    # the reputation scales what the work shows: applied to the claims, it would lower the group's median too
+    credited = [c * reputation(name) for c, name in zip(credited_weights(parts, weights), kept)]
     by_name = dict(zip(kept, credited))
     return _pack_result(len(parts), [by_name.get(name, 0.0) for name in names],
                         codec.encode_result(aggregator(parts, credited)))
@@ -257,12 +270,12 @@ def contribution_piece(vector: torch.Tensor, weight: float, codec: Codec) -> tup
 
 
 def hosted_reduce(pieces: dict[str, Optional[bytes]], numel: int, codec: Codec, aggregator: Aggregator,
-                  dropped: dict) -> bytes:
+                  dropped: dict, reputation: Callable[[str], float] = full_reputation) -> bytes:
     """The host's side: aggregate the group's contributions (peer id -> piece from :func:`contribution_piece`, the
     host's own included; None or empty: none came) in id order -> the result every member decodes
     (:func:`hosted_average`). Those left out are named in ``dropped``."""
     names = sorted(pieces)
-    return _aggregate(names, [pieces[name] or None for name in names], numel, codec, aggregator, dropped)
+    return _aggregate(names, [pieces[name] or None for name in names], numel, codec, aggregator, dropped, reputation)
 
 
 def hosted_average(result: bytes, names: Sequence[str], numel: int,

@@ -22,7 +22,7 @@ import torch
 
 from cotrain.averaging.allgather import sparse_allgather
 from cotrain.averaging.allreduce import (butterfly_allreduce, contribution_piece, encoded_bound, hosted,
-                                        hosted_average, hosted_reduce, weighted_mean)
+                                        hosted_average, hosted_reduce, reputation_of, weighted_mean)
 from cotrain.averaging.attacks import make_attack
 from cotrain.averaging.exchange import Exchange
 from cotrain.averaging.meeting import MAX_ROSTER_MEMBERS
@@ -212,7 +212,8 @@ class Hosting:
         return 8 + 8 * MAX_ROSTER_MEMBERS + encoded_bound(numel)  # a contribution, or a result with its credits
 
     def reduce(self, pieces: dict[str, bytes]) -> bytes:
-        return hosted_reduce(pieces, self.numel, self.reduction.codec, self.reduction.aggregator, self.dropped)
+        return hosted_reduce(pieces, self.numel, self.reduction.codec, self.reduction.aggregator, self.dropped,
+                             reputation_of(self.reduction.exchange))
 
     def average(self, result: bytes, group: Sequence[str]) -> Reduced:
         """The host's result for ``group`` (every member's id), and the error compression left out kept for the next

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63otrain/v1/swarm.proto\x12\ncotrain.v1\"P\n\x0c\x46\x65tchRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\x12\x12\n\ncredential\x18\x03 \x01(\x0c\x12\x0f\n\x07\x64\x65posit\x18\x04 \x01(\x0c\"]\n\nFetchChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\r\n\x05total\x18\x03 \x01(\x04\x12\x0f\n\x07refused\x18\x04 \x01(\t\x12\x12\n\nuse_stream\x18\x05 \x01(\x08\"\x92\x01\n\nCredential\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0f\n\x07peer_id\x18\x03 \x01(\t\x12\x19\n\x11record_public_key\x18\x04 \x01(\x0c\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x13\n\x0bissued_unix\x18\x06 \x01(\x01\x12\x14\n\x0c\x65xpires_unix\x18\x07 \x01(\x01\"3\n\x10SignedCredential\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"U\n\x0bRevocations\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x13\n\x0bissued_unix\x18\x03 \x01(\x01\x12\x10\n\x08node_ids\x18\x04 \x03(\t\"4\n\x11SignedRevocations\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63otrain/v1/swarm.proto\x12\ncotrain.v1\"P\n\x0c\x46\x65tchRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\x12\x12\n\ncredential\x18\x03 \x01(\x0c\x12\x0f\n\x07\x64\x65posit\x18\x04 \x01(\x0c\"]\n\nFetchChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\r\n\x05total\x18\x03 \x01(\x04\x12\x0f\n\x07refused\x18\x04 \x01(\t\x12\x12\n\nuse_stream\x18\x05 \x01(\x08\"\xa6\x01\n\nCredential\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0f\n\x07peer_id\x18\x03 \x01(\t\x12\x19\n\x11record_public_key\x18\x04 \x01(\x0c\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x13\n\x0bissued_unix\x18\x06 \x01(\x01\x12\x14\n\x0c\x65xpires_unix\x18\x07 \x01(\x01\x12\x12\n\nreputation\x18\x08 \x01(\x01\"3\n\x10SignedCredential\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"U\n\x0bRevocations\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x13\n\x0bissued_unix\x18\x03 \x01(\x01\x12\x10\n\x08node_ids\x18\x04 \x03(\t\"4\n\x11SignedRevocations\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,11 +36,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FETCHCHUNK']._serialized_start=120
   _globals['_FETCHCHUNK']._serialized_end=213
   _globals['_CREDENTIAL']._serialized_start=216
-  _globals['_CREDENTIAL']._serialized_end=362
-  _globals['_SIGNEDCREDENTIAL']._serialized_start=364
-  _globals['_SIGNEDCREDENTIAL']._serialized_end=415
-  _globals['_REVOCATIONS']._serialized_start=417
-  _globals['_REVOCATIONS']._serialized_end=502
-  _globals['_SIGNEDREVOCATIONS']._serialized_start=504
-  _globals['_SIGNEDREVOCATIONS']._serialized_end=556
+  _globals['_CREDENTIAL']._serialized_end=382
+  _globals['_SIGNEDCREDENTIAL']._serialized_start=384
+  _globals['_SIGNEDCREDENTIAL']._serialized_end=435
+  _globals['_REVOCATIONS']._serialized_start=437
+  _globals['_REVOCATIONS']._serialized_end=522
+  _globals['_SIGNEDREVOCATIONS']._serialized_start=524
+  _globals['_SIGNEDREVOCATIONS']._serialized_end=576
 # @@protoc_insertion_point(module_scope)

@@ -33,7 +33,7 @@ class FetchChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., found: _Optional[bool] = ..., total: _Optional[int] = ..., refused: _Optional[str] = ..., use_stream: _Optional[bool] = ...) -> None: ...
 
 class Credential(_message.Message):
-    __slots__ = ("run_id", "node_id", "peer_id", "record_public_key", "role", "issued_unix", "expires_unix")
+    __slots__ = ("run_id", "node_id", "peer_id", "record_public_key", "role", "issued_unix", "expires_unix", "reputation")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class Credential(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ISSUED_UNIX_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_UNIX_FIELD_NUMBER: _ClassVar[int]
+    REPUTATION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node_id: str
     peer_id: str
@@ -48,7 +49,8 @@ class Credential(_message.Message):
     role: str
     issued_unix: float
     expires_unix: float
-    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., record_public_key: _Optional[bytes] = ..., role: _Optional[str] = ..., issued_unix: _Optional[float] = ..., expires_unix: _Optional[float] = ...) -> None: ...
+    reputation: float
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., peer_id: _Optional[str] = ..., record_public_key: _Optional[bytes] = ..., role: _Optional[str] = ..., issued_unix: _Optional[float] = ..., expires_unix: _Optional[float] = ..., reputation: _Optional[float] = ...) -> None: ...
 
 class SignedCredential(_message.Message):
     __slots__ = ("body", "signature")

@@ -8,7 +8,13 @@ A coordinator and three nodes train the default run (the byte-level LSTM 2x256 o
 frozen (SIGSTOP) past the round's all-reduce deadline, then thawed: leaks in swarms like this one come from failed
 rounds and peers that come back. Every minute the bench reads, for every process of the coordinator and of each node
 (the node, its DHT process, its libp2p daemon), its unique memory (USS: the pages no other process shares), its open
-file descriptors and its threads, and the swarm's latest validation BPC.
+file descriptors and its threads, and the swarm's latest validation BPC; and its resident memory (RSS).
+
+USS and RSS answer different questions. A process forked from another (hivemind forks the DHT process from the
+node, and the node from the zygote) shares its parent's pages until either writes to one, and Python writes to
+every object it touches (reference counts): the page is copied, and becomes private to both, so USS grows while
+RSS, which counts every resident page of the process, does not. That growth is bounded by what was shared at the
+fork. Memory a process adds itself (a leak) grows both.
 
 It reports, for each long-lived process (the coordinator's, node-0's and node-1's; node-2's restart every time),
 the slope of each figure after the first ``--settle`` minutes (10), by least squares: MB an hour, descriptors an hour,
@@ -24,8 +30,8 @@ A killed node's processes (its DHT process and libp2p daemon) must end with it: 
 listed at every minute (``left_behind``).
 
 JSON: ``{"minutes", "samples": [{"minute", "val_bpc", "left_behind": [pid], "processes": [{"who", "pid",
-"uss_bytes", "fds", "threads"}]}], "slopes": [{"who", "uss_mb_per_hour", "uss_percent_per_hour",
-"robust_percent_per_hour", "fds_per_hour", "threads_per_hour"}],
+"uss_bytes", "rss_bytes", "fds", "threads"}]}], "slopes": [{"who", "uss_mb_per_hour", "uss_percent_per_hour",
+"robust_percent_per_hour", "rss_mb", "robust_rss_percent_per_hour", "fds_per_hour", "threads_per_hour"}],
 "events": [[minute, what]], "meta"}``.
 """
 
@@ -55,20 +61,22 @@ LONG_LIVED = ("coordinator", "node-0", "node-1")
 
 
 def process_figures(pid: int) -> Optional[dict]:
-    """USS, open descriptors and threads of one process; None when it is gone."""
+    """USS, RSS, open descriptors and threads of one process; None when it is gone."""
     base = Path(f"/proc/{pid}")
     try:
-        uss = 0
+        uss = rss = 0
         for line in (base / "smaps_rollup").read_text().splitlines():
             if line.startswith(("Private_Clean:", "Private_Dirty:")):
                 uss += int(line.split()[1]) * 1024
+            elif line.startswith("Rss:"):
+                rss = int(line.split()[1]) * 1024
         threads = next(int(line.split()[1]) for line in (base / "status").read_text().splitlines()
                        if line.startswith("Threads:"))
         fds = len(os.listdir(base / "fd"))
         role = (base / "comm").read_text().strip()
     except (OSError, ValueError, StopIteration):
         return None
-    return dict(pid=pid, uss_bytes=uss, fds=fds, threads=threads, comm=role)
+    return dict(pid=pid, uss_bytes=uss, rss_bytes=rss, fds=fds, threads=threads, comm=role)
 
 
 def sample(swarm: Swarm, nodes: dict) -> list[dict]:
@@ -119,7 +127,11 @@ def slopes(samples: list[dict], settle: float) -> list[dict]:
         mbs = [(m, p["uss_bytes"] / 2**20) for m, p in points]
         uss, robust = slope(mbs), robust_slope(mbs)
         mean_mb = sum(p["uss_bytes"] for _, p in points) / len(points) / 2**20
+        rss = [(m, p.get("rss_bytes", 0) / 2**20) for m, p in points]
+        mean_rss = sum(v for _, v in rss) / len(rss)
         out.append(dict(who=who, pid=pid, comm=points[-1][1]["comm"], minutes=len(points),
+                        rss_mb=round(rss[-1][1], 1),
+                        robust_rss_percent_per_hour=round(100 * robust_slope(rss) / mean_rss, 2) if mean_rss else 0.0,
                         uss_mb=round(points[-1][1]["uss_bytes"] / 2**20, 1), uss_mb_per_hour=round(uss, 2),
                         uss_percent_per_hour=round(100 * uss / mean_mb, 2) if mean_mb else 0.0,
                         robust_percent_per_hour=round(100 * robust / mean_mb, 2) if mean_mb else 0.0,
@@ -174,10 +186,11 @@ def run(args) -> dict:
 
 def report(results: dict) -> None:
     print_table(f"soak: {results['minutes']} minutes, slopes after the first {results.get('settle', 10)}",
-                ["process", "command", "minutes", "USS MB", "MB / hour", "% / hour", "robust % / hour", "fds / hour",
-                 "threads / hour"],
+                ["process", "command", "minutes", "USS MB", "MB / hour", "% / hour", "robust % / hour", "RSS MB",
+                 "RSS robust % / hour", "fds / hour", "threads / hour"],
                 [[s["who"], s["comm"], s["minutes"], s["uss_mb"], s["uss_mb_per_hour"], s["uss_percent_per_hour"],
-                  s.get("robust_percent_per_hour", ""), s["fds_per_hour"], s["threads_per_hour"]]
+                  s.get("robust_percent_per_hour", ""), s.get("rss_mb", ""), s.get("robust_rss_percent_per_hour", ""),
+                  s["fds_per_hour"], s["threads_per_hour"]]
                  for s in results["slopes"]])
     bpcs = [(s["minute"], s["val_bpc"]) for s in results["samples"] if s["val_bpc"] is not None]
     if bpcs:
@@ -191,10 +204,11 @@ def write_markdown(path: Optional[str], results: dict) -> None:
     lines = [f"# Soak: `bench/soak.py`, {results['minutes']} minutes", "",
              f"- `{m.get('command', '')}` at commit {m.get('commit', '?')}, {m.get('date', '')}, {m.get('machine', '')}",
              f"- disturbances: {len(results['events'])} ({', '.join(e[1] for e in results['events'][:2])}, ...)",
-             "", "| process | command | minutes | USS MB | MB / hour | % / hour | robust % / hour | fds / hour | "
-             "threads / hour |", "|---|---|---|---|---|---|---|---|---|"]
+             "", "| process | command | minutes | USS MB | MB / hour | % / hour | robust % / hour | RSS MB | "
+             "RSS robust % / hour | fds / hour | threads / hour |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {s['who']} | {s['comm']} | {s['minutes']} | {s['uss_mb']} | {s['uss_mb_per_hour']} | "
-              f"{s['uss_percent_per_hour']} | {s.get('robust_percent_per_hour', '')} | {s['fds_per_hour']} | "
+              f"{s['uss_percent_per_hour']} | {s.get('robust_percent_per_hour', '')} | {s.get('rss_mb', '')} | "
+              f"{s.get('robust_rss_percent_per_hour', '')} | {s['fds_per_hour']} | "
               f"{s['threads_per_hour']} |" for s in results["slopes"]]
     bpcs = [(s["minute"], s["val_bpc"]) for s in results["samples"] if s["val_bpc"] is not None]
     lines += ["", "Validation BPC by minute: " + ", ".join(f"{mi:.0f}: {b:.3f}" for mi, b in bpcs), "",

@@ -38,6 +38,7 @@ from cotrain.coordinator.reachability import Prober
 from cotrain.coordinator.service import CoordinatorService, RunInfo, SwarmSummary
 from cotrain.coordinator.store import StateDirError, Store
 from cotrain.coordinator.validation import Validator
+from cotrain.verification.reputation import Book, ReputationError
 from cotrain.coordinator.web import WebServer
 from cotrain.coordinator.wire import add_service
 from cotrain.coordinator.workunits import plan_ranges
@@ -143,11 +144,27 @@ def start_fleet(options: CoordinatorOptions, resources: RayResources) -> Fleet:
     return fleet
 
 
-def start_validator(cfg: RunConfig, run_id: str, corpus: Optional[Corpus], ranges, units) -> Optional[Validator]:
+#: the store's meta key of the validator's reputation book (cotrain.verification.reputation.Book.to_dict, JSON)
+REPUTATIONS_KEY = "reputations"
+
+
+def load_book(saved: Optional[str]) -> Optional[Book]:
+    """The reputation book a previous coordinator of this run kept (None: none, or unreadable: logged)."""
+    if not saved:
+        return None
+    try:
+        return Book.from_dict(json.loads(saved))
+    except (ValueError, ReputationError) as e:  # json's errors are ValueErrors
+        logger.warning("verification: the stored reputations are unreadable (%s); starting afresh", e)
+        return None
+
+
+def start_validator(cfg: RunConfig, run_id: str, corpus: Optional[Corpus], ranges, units,
+                    store: Optional[Store] = None) -> Optional[Validator]:
     """verification.enabled: the validator of the run's contributions, started (None: verification is off, or the
     run's model has no corpus to score on). ``ranges``: the units' byte ranges; ``units()``: the pool's units now. A
     node's data are the streams of the units it was given (a unit's streams lie across the split:
-    cotrain.data.streams)."""
+    cotrain.data.streams). ``store``: where the reputations are kept across restarts."""
     if not cfg.verification.enabled or corpus is None:
         if cfg.verification.enabled:
             logger.warning("verification: world models are not checked yet (their loss score needs rollouts)")
@@ -161,7 +178,11 @@ def start_validator(cfg: RunConfig, run_id: str, corpus: Optional[Corpus], range
         mine = sorted((u for u in list(units()) if u.holder == node_id), key=lambda u: u.deadline, reverse=True)
         return [streams(u.start, u.end) for u in mine]
 
-    validator = Validator(cfg, run_id, corpus, own_units, [streams(a, b) for a, b in ranges])
+    book, save = None, None
+    if store is not None:
+        book = load_book(store.get_meta(REPUTATIONS_KEY))
+        save = lambda data: store.set_meta(REPUTATIONS_KEY, json.dumps(data))  # noqa: E731
+    validator = Validator(cfg, run_id, corpus, own_units, [streams(a, b) for a, b in ranges], book=book, save=save)
     validator.start()
     return validator
 
@@ -210,7 +231,7 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
                   seed=cfg.run.seed, byte_counts=corpus.byte_counts() if corpus is not None else [],
                   forget_after_s=cfg.coordinator.forget_after_s)
     prober = Prober()
-    validator = start_validator(cfg, run_id, corpus, run.unit_ranges, lambda: service.units.units.values())
+    validator = start_validator(cfg, run_id, corpus, run.unit_ranges, lambda: service.units.units.values(), store)
     service = CoordinatorService(store, run, summary, issuer, prober, publish_revocations, validator=validator)
     fleet = None if resources is None else start_fleet(options, resources)
     checkpointer = Checkpointer(cfg, run_id, model, exchange, board, store, summary, evaluator_for(cfg, fleet, corpus=corpus))

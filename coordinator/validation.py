@@ -55,6 +55,9 @@ MAX_COMMITMENTS = 8
 #: commitments remembered to find a repeated contribution: rounds of every node, minutes to hours of a run
 REMEMBERED_COMMITMENTS = 65536
 COPY = "copy"
+#: seconds between two writes of the reputation book to the store: a coordinator that dies loses the checks of the
+#: last few seconds at most (a suspension is written at once, and its revocation is kept by the issuer)
+SAVE_EVERY_S = 5.0
 #: the least weight a credential carries: a node whose reputation says less is suspended, not weighted
 MIN_WEIGHT = 1e-3
 READS = "reads"
@@ -167,7 +170,7 @@ class Validator(threading.Thread):
                  own_units: Callable[[str], list[list[tuple[int, int]]]],
                  all_units: Sequence[Sequence[tuple[int, int]]], on_suspend: Optional[Callable[[str, str], None]] = None,
                  rng: Optional[random.Random] = None, now: Callable[[], float] = time.time,
-                 book: Optional[Book] = None):
+                 book: Optional[Book] = None, save: Optional[Callable[[dict], None]] = None):
         super().__init__(name="validator", daemon=True)
         self.cfg, self.run_id, self.own_units = cfg, run_id, own_units
         self.all_units = [list(u) for u in all_units]
@@ -175,6 +178,9 @@ class Validator(threading.Thread):
         self.rng = rng or random.Random()
         self.scorer = Scorer(cfg, corpus)
         self.book = book or Book()
+        #: keeps the book (its plain dict) in the coordinator's store: at most every SAVE_EVERY_S, and at once when a
+        #: node is suspended
+        self.save, self._saved_at = save, -math.inf
         self._queue: queue.Queue = queue.Queue(MAX_QUEUED)
         self._lock = threading.Lock()
         self._offered: dict[str, int] = {}  # node -> the latest round it offered, drawn for or not
@@ -357,6 +363,15 @@ class Validator(threading.Thread):
                     and who.node_id not in self._suspended:
                 self._suspended[who.node_id] = verdict.reason
                 suspend = verdict.reason
+            saving = self.save is not None and check.weight > 0 and (suspend is not None
+                                                                      or now - self._saved_at >= SAVE_EVERY_S)
+            if saving:
+                self._saved_at, snapshot = now, self.book.to_dict()
+        if saving:
+            try:
+                self.save(snapshot)
+            except Exception as e:  # noqa: BLE001 - a busy or full store: the next save tries again
+                logger.warning("validator: could not keep the reputations in the store (%s); retrying later", e)
         level = logging.WARNING if counted and not check.passed else logging.DEBUG
         logger.log(level, "validator: node %s, round %d: %s", who.node_id[:8], check.round, check.reason)
         if suspend is not None:

@@ -197,3 +197,18 @@ def test_all_zero_contributions_are_left_to_the_loss_score(setting, key):
         keeper.keep(r, "h", setting[3], torch.zeros_like(setting[4]))
     v.take_commitments(who(key), keeper.commitments())
     assert "node-a" not in v.verdicts()
+
+
+def test_the_book_is_saved_and_a_restarted_coordinator_takes_it_back(setting, key):
+    from cotrain.coordinator.server import load_book
+
+    saved = []
+    cfg, corpus, ranges, _, _ = setting
+    v = Validator(cfg, RUN, corpus, own_units=lambda node_id: [[ranges[0]]], all_units=[[r] for r in ranges],
+                  rng=random.Random(0), now=lambda: 1000.0, save=saved.append)
+    v.record(who(key), v.check(who(key), 3, evidence(key, setting, torch.zeros_like(setting[4]))))
+    assert saved and saved[-1]["nodes"]["node-a"]["fails"] == 1.0
+    import json
+    back = load_book(json.dumps(saved[-1]))
+    assert back.nodes["node-a"].fails == 1.0
+    assert load_book("{not json") is None and load_book('{"nodes": 1}') is None and load_book(None) is None

@@ -72,7 +72,9 @@ def swarm_health(now: float, *, run_id: str, heartbeat_interval: float, lost_aft
         totals.samples_total = max(totals.samples_total, m.samples_total)
         totals.bytes_sent += m.bytes_sent
         totals.bytes_received += m.bytes_received
-    alerts = swarm_alerts(states) + flag_alerts(nodes) + refusal_alerts(nodes, peers)
+    alerts = swarm_alerts(states) + flag_alerts(nodes) + refusal_alerts(nodes, peers) + [
+        f"node {nodes[n].name} was suspended: it failed the checks of its contributions ({v.reason})"
+        for n, v in verdicts.items() if v.suspended and n in nodes]
     return pb.SwarmHealth(run_id=run_id, nodes=rows, totals=totals, alerts=alerts, now_unix=now)
 
 

@@ -316,7 +316,8 @@ def test_a_byzantine_node_is_caught_by_the_validator_while_centered_clip_holds_i
         wait_for(lambda: min(rows()[f"node-{i}"].metrics.round for i in range(2)) >= left_at + 3, 120,
                  what="the honest pair to average on", procs=nodes[:2])
         assert [node.stop(30) for node in nodes] == [0, 0, 0], [n.log()[-3000:] for n in nodes]
-        final = rows()
+        final, alerts = rows(), coordinator.health().alerts
+    assert any(a.startswith("node node-2 was suspended") for a in alerts), alerts
     caught = final["node-2"].verification
     assert caught.suspended and caught.failed >= 3 and "failed checks" in caught.reason, caught
     for name in ("node-0", "node-1"):  # checked too, and never failed a check that counts

@@ -1,17 +1,21 @@
 """The coordinator as validator: it checks sampled contributions and keeps each node's reputation.
 
 A node with ``verification.enabled`` keeps the evidence of its last rounds (:mod:`cotrain.verification.evidence`)
-and says in each heartbeat which round it holds. :meth:`Validator.wants` decides, by a draw no node can predict,
-whether to ask for it; the node uploads it (``SubmitEvidence``) and :meth:`Validator.offer` queues it. The
-validator's thread then checks it, in order:
+and says in each heartbeat which round it holds, with those rounds' signed commitments (:meth:`Validator.
+take_commitments`: a contribution that repeats an earlier one, the node's or another's, fails at once).
+:meth:`Validator.wants` decides whether to ask for the round: every round of a node on probation, then by a draw no
+node can predict; the node uploads it (``SubmitEvidence``) and :meth:`Validator.offer` queues it. The validator's
+thread then checks it, in order:
 
 1. the evidence is well formed and of this run's model (:func:`~cotrain.verification.evidence.decode_evidence`);
 2. its commitment is the node's, signed by the record key its credential names, and covers the contribution's very
    bytes (:func:`~cotrain.verification.commitment.verify_commitment`, ``matches``);
-3. the contribution lowers the loss on the node's own work units, by more than on a random unit
+3. the bytes the node says it read lie in work units it was given;
+4. the contribution lowers the loss on those bytes, and does not raise a random unit's by much
    (:func:`~cotrain.verification.score.loss_score`, with the round's global parameters from the evidence).
 
-Each verdict goes into the reputation :class:`~cotrain.verification.reputation.Book`; a node the book says to
+Each verdict goes into the reputation :class:`~cotrain.verification.reputation.Book` (kept in the store through
+``save``); :meth:`weight` is what the node's credential carries into aggregation, and a node the book says to
 suspend is revoked through the revocation list (:meth:`suspended`, which the service adds to the revoked tokens'
 nodes). Not yet checked: that the contribution the node sends a validator is the one its group averaged (reducers
 holding signed digests of the parts, docs/design/verification.md).

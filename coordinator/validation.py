@@ -341,7 +341,8 @@ class Validator(threading.Thread):
             return failed(READS, f"evidence.reads: bytes [{outside[0]}, {outside[1]}) are in no work unit this node "
                           "was given")
         own = list(ev.reads) or [r for u in units[:2] for r in u]
-        others = [u for u in self.all_units if not set(u) & {r for u in units for r in u}] or self.all_units
+        held = {r for u in units for r in u}
+        others = [u for u in self.all_units if held.isdisjoint(u)] or self.all_units
         other = others[self.rng.randrange(len(others))]
         try:
             result = self.scorer.score(ev.params, ev.contribution, own, other)

@@ -1,6 +1,7 @@
 """The data plane: finding peers over hivemind's DHT, forming groups, and averaging with them."""
 
 import functools
+from typing import Optional
 
 from cotrain.averaging.allreduce import AllReduceFailed, AllReduceResult, butterfly_allreduce, weighted_mean
 from cotrain.averaging.dht import load_record_key, start_dht, visible_maddrs
@@ -10,6 +11,7 @@ from cotrain.averaging.progress import Action, Decision, PeerProgress, ProgressB
 from cotrain.averaging.admission import Admission, AdmissionError, Verdict
 from cotrain.averaging.matchmaking import make_averager
 from cotrain.averaging.round_stats import RoundStats
+from cotrain.averaging.round_run import OnSent
 from cotrain.averaging.rounds import RoundAverager
 from cotrain.averaging.state import STATE_KEY, download_state, pick_donors
 from cotrain.averaging.sync import SyncAveraging
@@ -44,4 +46,12 @@ def build_strategy(model, optimizer, dht, run_id: str, cfg, peer_id: str, admiss
                          admission=admission, client_mode=client_mode, seed=cfg.run.seed, upload_bps=upload_bps,
                          record_key=record_key, attack=attack, step_samples=cfg.data.batch_size,
                          outer_lr_at=outer_lr_at, overclaim=overclaim, ports=ports,
-                         evidence=evidence if cls is DiLoCo else None)
+                         on_sent=evidence_of(strategy, evidence))
+
+
+def evidence_of(strategy, evidence) -> Optional[OnSent]:
+    """What keeps each round's evidence (DiLoCo's round's global parameters and the contribution sent), or None."""
+    if evidence is None or not isinstance(strategy, DiLoCo):
+        return None
+    return lambda round_number, state_hash, sent: evidence.keep(round_number, state_hash, strategy.global_params,
+                                                                sent)

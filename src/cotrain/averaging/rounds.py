@@ -43,7 +43,7 @@ from cotrain.averaging.ports import Ports
 from cotrain.averaging.position import Position
 from cotrain.averaging.overlap import PendingRound
 from cotrain.averaging.reduction import Reduction
-from cotrain.averaging.round_run import RoundRun
+from cotrain.averaging.round_run import OnSent, RoundRun
 from cotrain.averaging.round_stats import RoundStats
 from cotrain.averaging.scheduler import (Move, RoundFacts, Rules, board_group_of, kept_group_of, next_plan,
                                          reads_paused)
@@ -69,9 +69,9 @@ class RoundAverager:
                  client_mode: bool = False, seed: int = 0, upload_bps: float = 0.0, record_key=None,
                  attack: str = "", *, admission: Admission, step_samples: int = 0,
                  outer_lr_at: Optional[Callable[[float], float]] = None, overclaim: float = 1.0,
-                 ports: Optional[Ports] = None, evidence=None):
+                 ports: Optional[Ports] = None, on_sent: Optional[OnSent] = None):
         """``ports``: the board, exchange and matchmaker this peer's rounds use (cotrain.averaging.ports); None: a
-        node's, built on ``dht``. ``evidence``: keeps each round's for a validator (an EvidenceKeeper, or None)."""
+        node's, built on ``dht``. ``on_sent``: hears each round's contribution as sent (a validator's evidence)."""
         self.strategy, self.dht, self.cfg, self.peer_id = strategy, dht, cfg, peer_id
         #: nobody can dial this peer: it reduces no part of an all-reduce (its groupmates behind NAT could not
         #: fetch it)
@@ -138,8 +138,6 @@ class RoundAverager:
         self.former = GroupFormer(peer_id, cfg, self.exchange, admission, self.averager, client_mode,
                                   view=lambda: self.view, rules=self.rules, stop=self._stop, now=self.now,
                                   plan=lambda view, now: board_group_of(view, now, self.facts(), self.plan_rules))
-        on_sent = None if evidence is None else (  # the round's global parameters are the first shared tensors
-            lambda r, h, sent: evidence.keep(r, h, strategy.shared_tensors()[:len(self.params)], sent))
         self.runner = RoundRun(peer_id, cfg, self.former, self.reduction, self.shared.copy, self._flag,
                                self.tally.note_credits, on_sent)
         self._publisher.start()

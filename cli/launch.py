@@ -167,17 +167,30 @@ def stop_all(procs: Sequence, timeout: float = 30.0) -> list[Optional[int]]:
 
 @contextlib.contextmanager
 def uninterrupted() -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP are ignored inside the block: a clean-up that must run to its end (a second Ctrl-C
-    must not leave half of what was started running). Main thread only."""
+    """Ctrl-C, SIGTERM and SIGHUP are held back inside the block: a clean-up that must run to its end (a second Ctrl-C
+    must not leave half of what was started running). The first one that came is delivered again after the block,
+    to the handler that was there before, so a launcher ended during its clean-up still ends as a signal ends it
+    (not with the clean-up's own result); when the block ends with an exception, that exception goes on instead.
+    Main thread only."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    held: list[int] = []
+
+    def hold(signum, frame) -> None:
+        if not held:
+            held.append(signum)
+
+    previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    ended_cleanly = False
     try:
         yield
+        ended_cleanly = True
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if held and ended_cleanly:
+            signal.raise_signal(held[0])
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.2, what: str = "condition",

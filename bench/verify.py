@@ -1,6 +1,6 @@
 """Does the coordinator's validator catch a dishonest node, and spare the honest ones? One of five nodes attacks.
 
-    python bench/verify.py [--attacks zero random stale scale alie] [--rounds 20] [--json FILE] [--quick]
+    python bench/verify.py [--attacks zero random stale scale alie equivocate] [--rounds 20] [--json FILE] [--quick]
 
 Every row is a real swarm of a coordinator and 5 node processes on this machine, with ``verification.enabled``
 (the run config's other verification settings at their defaults: each node's latest round drawn with
@@ -9,7 +9,8 @@ swarm is byzantine.py's: the char LSTM of ``--hidden`` on tinyshakespeare, DiLoC
 CenteredClip (the default aggregation).
 One node is started with ``--attack NAME`` (:mod:`cotrain.averaging.attacks`): ``zero`` (a free rider), ``random``
 (noise 10x its norm), ``stale`` (its previous round's update), ``scale`` (x10), ``sign_flip`` (x-10), ``alie``
-("a little is enough": a shift below the clipping radius). The clean row has no attacker.
+("a little is enough": a shift below the clipping radius), ``equivocate`` (its group gets x-10, its evidence shows
+the honest update: only the binding to what its reducers took in catches it). The clean row has no attacker.
 
 While the row runs, the coordinator's health is read every second. Per row:
 
@@ -39,7 +40,7 @@ from cotrain.cli.local_swarm import Swarm  # noqa: E402
 from cotrain.config import ATTACKS  # noqa: E402
 from cotrain.evaluation import evaluate_state  # noqa: E402
 
-VERIFY_ATTACKS = ("zero", "random", "stale", "scale", "sign_flip", "alie")
+VERIFY_ATTACKS = ("zero", "random", "stale", "scale", "sign_flip", "alie", "equivocate")
 
 
 def one_row(args, attack: str) -> dict:

@@ -1,4 +1,5 @@
-"""``SubmitEvidence``: a node's upload of the evidence a heartbeat's answer asked for, taken in for the validator.
+"""What the validator takes in from nodes: a heartbeat's part in verification (:func:`heartbeat_verification`), and
+``SubmitEvidence``, a node's upload of the evidence a heartbeat's answer asked for (:func:`take_evidence`).
 
 The upload is hostile input until the validator has checked it: the first chunk must name a known node with its
 session and the very round the validator asked that node for, the whole may hold no more bytes than the run's model
@@ -14,12 +15,30 @@ import grpc
 
 from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.verification.evidence import evidence_bytes
+from cotrain.verification.witness import PartSeen
 
 from cotrain.coordinator.validation import Candidate, Validator
 
 #: seconds an upload may take: a model's evidence is megabytes, which a volunteer's uplink sends in seconds; a
 #: slower one is dropped and the node is asked again for a later round
 UPLOAD_DEADLINE_S = 120.0
+
+
+def heartbeat_verification(validator: Validator, who: Candidate | None, request: pb.HeartbeatRequest,
+                           response: pb.HeartbeatResponse, refusals) -> None:
+    """A heartbeat's part in verification: the commitments and the reducers' reports it carries, and whether to ask
+    for its evidence (``response.evidence_round``). What is refused is noted with ``refusals`` (one warning a minute
+    at most, counting the rest)."""
+    if who is None:  # no DHT peer registered yet: nothing to check a signature against
+        return
+    refused = validator.take_commitments(who, request.commitments) if request.commitments else ""
+    if request.parts_seen:
+        parts = [PartSeen(p.round, p.member, p.start, p.end, p.digest) for p in request.parts_seen]
+        refused = "; ".join(filter(None, [refused, validator.take_parts_seen(who, parts)]))
+    if refused:
+        refusals.note(f"node {who.node_id[:8]}: verification refused: {refused[:500]}")
+    if request.evidence_round:
+        response.evidence_round = validator.wants(who.node_id, request.evidence_round)
 
 
 async def take_evidence(requests, context, *, validator: Validator | None,

@@ -33,7 +33,7 @@ from cotrain.coordinator.ratelimit import RateLimiter, peer_address
 from cotrain.coordinator.store import NodeRecord, PeerRecord, Store, hash_secret
 from cotrain.coordinator.swarm_health import SwarmSummary, swarm_health
 from cotrain.coordinator.unit_pool import UnitPool
-from cotrain.coordinator.evidence_intake import take_evidence
+from cotrain.coordinator.evidence_intake import heartbeat_verification, take_evidence
 from cotrain.coordinator.validation import Candidate, Validator
 from cotrain.coordinator.wire import ThrottledWarning
 
@@ -271,7 +271,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return pb.HeartbeatResponse(command=pb.DRAIN, reason=why, revocations=self.issuer.signed_revocations)
         response = pb.HeartbeatResponse(command=pb.CONTINUE, reason="ok")
         if self.validator is not None:
-            self._verification(node.node_id, request, response)
+            heartbeat_verification(self.validator, self._candidate(node.node_id), request, response, self.refusals)
         peer = self.peers.get(node.node_id)
         reputation = self.validator.weight(node.node_id) if self.validator is not None else 1.0
         if peer is not None and (needs_renewal(self.issued.get(node.node_id, 0.0), now, self.issuer.ttl)
@@ -287,17 +287,6 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     async def SubmitEvidence(self, requests, context) -> pb.SubmitEvidenceResponse:
         return await take_evidence(requests, context, validator=self.validator, session=self._session,
                                    who=self._candidate)
-
-    def _verification(self, node_id: str, request: pb.HeartbeatRequest, response: pb.HeartbeatResponse) -> None:
-        """A heartbeat's part in verification: the commitments it carries, and whether to ask for its evidence."""
-        who = self._candidate(node_id)
-        if who is None:  # no DHT peer registered yet: nothing to check a signature against
-            return
-        refused = self.validator.take_commitments(who, request.commitments) if request.commitments else ""
-        if refused:  # one warning a minute at most, counting the rest
-            self.refusals.note(f"node {node_id[:8]}: commitments refused: {refused}")
-        if request.evidence_round:
-            response.evidence_round = self.validator.wants(node_id, request.evidence_round)
 
     def _candidate(self, node_id: str) -> Optional[Candidate]:
         node, peer = self.nodes.get(node_id), self.peers.get(node_id)

@@ -10,15 +10,19 @@ thread then checks it, in order:
 1. the evidence is well formed and of this run's model (:func:`~cotrain.verification.evidence.decode_evidence`);
 2. its commitment is the node's, signed by the record key its credential names, and covers the contribution's very
    bytes (:func:`~cotrain.verification.commitment.verify_commitment`, ``matches``);
-3. the bytes the node says it read lie in work units it was given;
-4. the contribution lowers the loss on those bytes, and does not raise a random unit's by much
+3. the contribution is what the node's group took in: every part its reducers reported on their heartbeats
+   (:meth:`Validator.take_parts_seen`) has the digest of the same slice of the evidence
+   (:func:`~cotrain.verification.witness.unbound`). The check waits :attr:`Validator.witness_wait_s` after the
+   evidence came, for those heartbeats;
+4. the bytes the node says it read lie in work units it was given;
+5. the contribution lowers the loss on those bytes, and does not raise a random unit's by much
    (:func:`~cotrain.verification.score.loss_score`, with the round's global parameters from the evidence).
 
 Each verdict goes into the reputation :class:`~cotrain.verification.reputation.Book` (kept in the store through
 ``save``); :meth:`weight` is what the node's credential carries into aggregation, and a node the book says to
 suspend is revoked through the revocation list (:meth:`suspended`, which the service adds to the revoked tokens'
-nodes). Not yet checked: that the contribution the node sends a validator is the one its group averaged (reducers
-holding signed digests of the parts, docs/design/verification.md).
+nodes). A reducer's report is taken as its authenticated heartbeat says; a reducer that reports false digests to
+frame its groupmates is not told apart from the members it frames yet (docs/design/verification.md).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from cotrain.verification import score as scoring
 from cotrain.verification.commitment import decode_commitment, matches, verify_commitment
 from cotrain.verification.evidence import EvidenceError, decode_evidence, merged
 from cotrain.verification.reputation import Book, weight_multiplier
+from cotrain.verification.witness import MAX_PARTS_SEEN, PartSeen, check_part_seen, unbound
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +70,10 @@ SAVE_EVERY_S = 5.0
 #: the least weight a credential carries: a node whose reputation says less is suspended, not weighted
 MIN_WEIGHT = 1e-3
 READS = "reads"
+BOUND = "bound"
+#: (member, round) whose reducers' reports are remembered: the rounds of every node over the last minutes, longer
+#: than evidence waits to be checked
+REMEMBERED_PARTS = 16384
 
 
 @dataclass(frozen=True)
@@ -174,12 +183,16 @@ class Validator(threading.Thread):
                  own_units: Callable[[str], list[list[tuple[int, int]]]],
                  all_units: Sequence[Sequence[tuple[int, int]]], on_suspend: Optional[Callable[[str, str], None]] = None,
                  rng: Optional[random.Random] = None, now: Callable[[], float] = time.time,
-                 book: Optional[Book] = None, save: Optional[Callable[[dict], None]] = None):
+                 book: Optional[Book] = None, save: Optional[Callable[[dict], None]] = None,
+                 witness_wait_s: Optional[float] = None):
         super().__init__(name="validator", daemon=True)
         self.cfg, self.run_id, self.own_units = cfg, run_id, own_units
         self.all_units = [list(u) for u in all_units]
         self.on_suspend, self.now = on_suspend, now
         self.rng = rng or random.Random()
+        #: how long evidence waits before it is checked, for its reducers' reports to come: a reducer's next
+        #: heartbeat after the round, twice over (None: from the run's heartbeat interval)
+        self.witness_wait_s = 2 * cfg.coordinator.heartbeat_interval_s + 1 if witness_wait_s is None else witness_wait_s
         self.scorer = Scorer(cfg, corpus)
         self.book = book or Book()
         #: keeps the book (its plain dict) in the coordinator's store: at most every SAVE_EVERY_S, and at once when a
@@ -197,6 +210,8 @@ class Validator(threading.Thread):
         #: digest -> (node, round) of its first commitment, and what was seen, oldest first (bounded)
         self._digests: OrderedDict[bytes, tuple[str, int]] = OrderedDict()
         self._committed: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        #: (member peer, round) -> {(reducer node, start): its report}, oldest first (bounded)
+        self._parts: OrderedDict[tuple[str, int], dict[tuple[str, int], PartSeen]] = OrderedDict()
         #: the digest of an all-zero contribution: repeated by any node that took no step, and the loss score's to judge
         self._zeros = hashlib.sha256(bytes(4 * self.scorer.numel)).digest()
 
@@ -250,6 +265,32 @@ class Validator(threading.Thread):
                 self.refused += len(refused)
         return "; ".join(refused)
 
+    def take_parts_seen(self, who: Candidate, parts: Sequence[PartSeen]) -> str:
+        """What ``who`` reduced of its groupmates' contributions, as its heartbeat says (hostile: each bounded and
+        checked); a report of its own contribution is no witness and is left out. -> why some were refused ("" when
+        none was)."""
+        refused = [f"parts_seen: {len(parts)}, at most {MAX_PARTS_SEEN}"] if len(parts) > MAX_PARTS_SEEN else []
+        with self._lock:
+            for part in parts[:MAX_PARTS_SEEN]:
+                wrong = check_part_seen(part)
+                if wrong:
+                    refused.append(wrong)
+                    continue
+                if part.member == who.peer_id:
+                    continue
+                reports = self._parts.setdefault((part.member, part.round), {})
+                if len(reports) < MAX_PARTS_SEEN:
+                    reports[(who.node_id, part.start)] = part
+            while len(self._parts) > REMEMBERED_PARTS:
+                self._parts.popitem(last=False)
+            self.refused += len(refused)
+        return "; ".join(refused)
+
+    def parts_seen(self, peer_id: str, round_number: int) -> list[tuple[str, PartSeen]]:
+        """The reports of what reducers took in of ``peer_id``'s contribution of ``round_number``: (reducer, report)."""
+        with self._lock:
+            return [(node, part) for (node, _), part in self._parts.get((peer_id, round_number), {}).items()]
+
     def requested(self, node_id: str) -> int:
         """The round whose evidence ``node_id`` was asked for and has not sent yet (0: none)."""
         with self._lock:
@@ -261,7 +302,7 @@ class Validator(threading.Thread):
             if self._requested.get(who.node_id) == round_number:
                 del self._requested[who.node_id]
         try:
-            self._queue.put_nowait((who, round_number, data))
+            self._queue.put_nowait((who, round_number, data, time.monotonic()))
         except queue.Full:
             with self._lock:
                 self.refused += 1
@@ -300,9 +341,11 @@ class Validator(threading.Thread):
     def run(self) -> None:
         while not self._halt.is_set():
             try:
-                who, round_number, data = self._queue.get(timeout=0.5)
+                who, round_number, data, came = self._queue.get(timeout=0.5)
             except queue.Empty:
                 continue
+            if self._halt.wait(max(0.0, came + self.witness_wait_s - time.monotonic())):  # the reducers' reports
+                break
             started = time.thread_time()
             try:
                 check = self.check(who, round_number, data)
@@ -334,6 +377,9 @@ class Validator(threading.Thread):
         revealed = matches(signed.commitment, ev.contribution_bytes)
         if not revealed.ok:
             return failed("commitment", revealed.reason)
+        other_than_sent = unbound(ev.contribution, self.parts_seen(who.peer_id, round_number))
+        if other_than_sent:
+            return failed(BOUND, other_than_sent)
         units = self.own_units(who.node_id)
         given = merged([r for u in units for r in u])
         outside = next(((a, b) for a, b in ev.reads if not any(c <= a and b <= d for c, d in given)), None)

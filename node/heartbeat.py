@@ -49,7 +49,8 @@ def heartbeat_loop(interval: float, *, stop: threading.Event, metrics: Metrics, 
         try:
             sent = time.monotonic()
             if evidence is not None:
-                response = client.heartbeat(report(), evidence.latest(), evidence.commitments())
+                response = client.heartbeat(report(), evidence.latest(), evidence.commitments(),
+                                            evidence.parts_seen())
             else:
                 response = client.heartbeat(report())
             with metrics.lock:

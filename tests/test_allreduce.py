@@ -5,6 +5,7 @@ import torch
 
 from cotrain.averaging import AllReduceFailed, butterfly_allreduce
 from cotrain.compression import Int4Blockwise, Int8Blockwise, NoCompression
+from cotrain.verification.witness import part_digest
 from tiny_swarm import exchanges, run_peers
 
 pytestmark = pytest.mark.swarm
@@ -17,14 +18,16 @@ def peers(tmp_path_factory):
         yield three
 
 
-def run_all(exchanges, tag, vectors, weights, codec, timeout, skip=(), reducers=None, min_part_values=0):
+def run_all(exchanges, tag, vectors, weights, codec, timeout, skip=(), reducers=None, min_part_values=0,
+            witness=False):
     group = sorted((e.peer_id for e in exchanges), key=str)
     results = [None] * len(exchanges)
 
     def one(i):
         try:
             results[i] = butterfly_allreduce(exchanges[i], tag, group, exchanges[i].peer_id, vectors[i], weights[i],
-                                             codec, timeout, reducers=reducers, min_part_values=min_part_values)
+                                             codec, timeout, reducers=reducers, min_part_values=min_part_values,
+                                             witness=witness)
         except AllReduceFailed as e:
             results[i] = e
 
@@ -45,6 +48,23 @@ def test_every_peer_gets_the_same_weighted_mean(peers):
         assert r.credits == dict(zip(names, weights))  # each part's reducer credited every claim
         assert torch.equal(r.average, results[0].average)  # bitwise identical on every peer
         assert torch.allclose(r.average, expected, atol=1e-5)
+
+
+def test_each_reducer_witnesses_the_very_values_each_member_says_it_sent(peers):
+    torch.manual_seed(2)
+    vectors = [torch.randn(20_000) for _ in peers]
+    results = run_all(peers, "t-witness", vectors, [1.0, 1.0, 1.0], Int8Blockwise(256), timeout=20, witness=True)
+    names = [str(e.peer_id) for e in peers]
+    for reducer, r in zip(names, results):
+        assert {member for member, *_ in r.seen} == set(names) - {reducer}  # every groupmate's part, not its own
+        for member, start, end, digest in r.seen:
+            assert digest == part_digest(results[names.index(member)].sent[start:end])
+    for i, member in enumerate(names):  # the others witnessed the whole contribution but the part it reduced itself
+        (own,) = {(a, b) for _, a, b, _ in results[i].seen}
+        covered = [(a, b) for r in results for m, a, b, _ in r.seen if m == member]
+        assert own not in covered and sum(b - a for a, b in covered) + own[1] - own[0] == 20_000
+    untouched = run_all(peers, "t-no-witness", vectors, [1.0, 1.0, 1.0], Int8Blockwise(256), timeout=20)
+    assert all(r.seen == [] for r in untouched)  # off unless asked
 
 
 @pytest.mark.parametrize("codec, bytes_per_value, max_error", [(Int8Blockwise(256), 1.0, 0.1),

@@ -10,6 +10,7 @@ from cotrain.averaging.work import credited_weights
 from cotrain.averaging.allreduce import (AllReduceFailed, choose_reducers, contribution_piece, hosted, hosted_average,
                                          hosted_reduce, part_bounds, weighted_mean)
 from cotrain.compression import Int8Blockwise, NoCompression
+from cotrain.verification.witness import part_digest
 
 
 def test_without_a_minimum_every_dialable_peer_reduces():
@@ -107,3 +108,15 @@ def test_a_members_reputation_scales_what_its_work_is_credited_with():
     plain = credited_weights(list(vectors.values()), [1.0, 1.0, 1.0])
     assert credits == {"a": plain[0], "b": plain[1] * 0.25, "c": plain[2]}
     assert torch.allclose(average, weighted_mean(list(vectors.values()), list(credits.values())), atol=1e-6)
+
+
+def test_the_host_witnesses_each_contribution_as_its_member_decodes_it():
+    torch.manual_seed(3)
+    codec = Int8Blockwise(64)
+    pieces, decoded = {}, {}
+    for peer in "abc":
+        pieces[peer], decoded[peer] = contribution_piece(torch.randn(500), 1.0, codec)
+    pieces["d"] = b"\x00" * 3  # malformed: left out, and not witnessed
+    digests = {}
+    hosted_reduce(pieces, 500, codec, weighted_mean, {}, digests=digests)
+    assert digests == {peer: part_digest(decoded[peer]) for peer in "abc"}

@@ -1,6 +1,7 @@
 """The coordinator's validator on a real (tiny) model and corpus: an honest contribution passes, a free rider's,
 a scaled one's and noise fail, evidence not signed by the node's record key fails before any scoring; repeated
-failures suspend the node; a node is asked for a round's evidence at most once."""
+failures suspend the node; a node is asked for a round's evidence at most once; evidence other than what the node's
+reducers took in fails."""
 
 import random
 
@@ -9,11 +10,12 @@ import torch
 from torch.nn import functional as F
 from hivemind.utils.crypto import RSAPrivateKey
 
-from cotrain.coordinator.validation import Candidate, Validator, spread_windows
+from cotrain.coordinator.validation import BOUND, Candidate, Validator, spread_windows
 from cotrain.coordinator.workunits import plan_ranges
 from cotrain.data import Corpus
 from cotrain.models import build_model
 from cotrain.verification.evidence import EvidenceKeeper
+from cotrain.verification.witness import MAX_PARTS_SEEN, PartSeen, part_digest
 
 from tiny_swarm import tiny_config
 
@@ -212,3 +214,59 @@ def test_the_book_is_saved_and_a_restarted_coordinator_takes_it_back(setting, ke
     back = load_book(json.dumps(saved[-1]))
     assert back.nodes["node-a"].fails == 1.0
     assert load_book("{not json") is None and load_book('{"nodes": 1}') is None and load_book(None) is None
+
+
+# ---- the evidence bound to what the group took in (cotrain.verification.witness) ----------------------------------
+
+def reducer(key_of_reducer, node_id="node-r", peer="QmReducerPeer000000000000000000000000000000000"):
+    return Candidate(node_id, "swarm", peer, key_of_reducer.get_public_key().to_bytes())
+
+
+def test_evidence_that_matches_what_the_reducers_took_in_passes(setting, key):
+    honest, v = setting[4], validator(setting)
+    half = honest.numel() // 2
+    for node, (a, b) in (("node-r", (0, half)), ("node-s", (half, honest.numel()))):
+        refused = v.take_parts_seen(reducer(RSAPrivateKey(), node, f"Qm{node}"),
+                                    [PartSeen(3, PEER, a, b, part_digest(honest[a:b]))])
+        assert refused == ""
+    check = v.check(who(key), 3, evidence(key, setting, honest))
+    assert check.passed, check.reason
+
+
+def test_a_node_that_showed_its_group_another_contribution_fails_the_binding(setting, key):
+    honest, v = setting[4], validator(setting)
+    sent = -10 * honest  # what the group took in; the evidence shows the honest one
+    v.take_parts_seen(reducer(RSAPrivateKey()), [PartSeen(3, PEER, 0, honest.numel(), part_digest(sent))])
+    check = v.check(who(key), 3, evidence(key, setting, honest))
+    assert not check.passed and check.failed == BOUND and check.weight == 1.0
+    # a report of another round binds nothing of this one
+    other = validator(setting)
+    other.take_parts_seen(reducer(RSAPrivateKey()), [PartSeen(4, PEER, 0, honest.numel(), part_digest(sent))])
+    assert other.check(who(key), 3, evidence(key, setting, honest)).passed
+
+
+def test_a_report_of_ones_own_contribution_is_no_witness(setting, key):
+    honest, v = setting[4], validator(setting)
+    v.take_parts_seen(who(key), [PartSeen(3, PEER, 0, honest.numel(), part_digest(-honest))])
+    assert v.parts_seen(PEER, 3) == []
+
+
+@pytest.mark.parametrize("part, field", [
+    (PartSeen(0, PEER, 0, 10, bytes(32)), "parts_seen.round"),
+    (PartSeen(3, "", 0, 10, bytes(32)), "parts_seen.member"),
+    (PartSeen(3, "Q" * 500, 0, 10, bytes(32)), "parts_seen.member"),
+    (PartSeen(3, PEER, 10, 10, bytes(32)), "parts_seen.start, end"),
+    (PartSeen(3, PEER, 0, 2 ** 50, bytes(32)), "parts_seen.start, end"),
+    (PartSeen(3, PEER, 0, 10, bytes(31)), "parts_seen.digest"),
+])
+def test_malformed_reports_are_refused_naming_the_field(setting, part, field):
+    v = validator(setting)
+    assert v.take_parts_seen(reducer(RSAPrivateKey()), [part]).startswith(field)
+    assert v.parts_seen(part.member, part.round) == [] and v.refused == 1
+
+
+def test_a_heartbeat_carries_a_bounded_number_of_reports(setting):
+    v = validator(setting)
+    parts = [PartSeen(3, f"QmMember{i}", 0, 10, bytes(32)) for i in range(MAX_PARTS_SEEN + 5)]
+    assert "at most" in v.take_parts_seen(reducer(RSAPrivateKey()), parts)
+    assert sum(len(v.parts_seen(f"QmMember{i}", 3)) for i in range(MAX_PARTS_SEEN + 5)) == MAX_PARTS_SEEN

@@ -1,5 +1,6 @@
 """A node's evidence of a round: kept for its last rounds, committed with its record key, encoded for a validator;
-hostile bytes refused with the field named."""
+hostile bytes refused with the field named; what it reduced of its groupmates' contributions, and the binding of
+a contribution to those reports (cotrain.verification.witness)."""
 
 import struct
 
@@ -10,6 +11,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from cotrain.verification.commitment import matches, verify_commitment
 from cotrain.verification.evidence import (KEEP_ROUNDS, MAGIC, Evidence, EvidenceError, EvidenceKeeper,
                                            decode_evidence, encode_evidence, evidence_bytes)
+from cotrain.verification.witness import MAX_PARTS_SEEN, PartSeen, part_digest, unbound
 
 RUN, PEER = "run-1-0123abcd", "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 PARAMS = [torch.randn(3, 4), torch.randn(5)]
@@ -108,3 +110,27 @@ def test_a_huge_length_field_is_refused_before_reading(keeper):
     data[at:at + 2] = struct.pack("<H", 60000)
     with pytest.raises(EvidenceError, match="state_hash"):
         decode_evidence(bytes(data), NUMEL)
+
+
+def test_the_parts_a_node_reduced_go_with_its_heartbeats_for_its_last_two_rounds_newest_first(key):
+    k = EvidenceKeeper(key, RUN, PEER)
+    for r in range(1, 5):
+        k.keep(r, f"hash{r}", PARAMS, torch.zeros(NUMEL),
+               seen=[(f"Qm{r}a", 0, 8, bytes(32)), (f"Qm{r}b", 0, 8, bytes(32))])
+    k.keep(5, "hash5", PARAMS, torch.zeros(NUMEL))  # a round it reduced nothing in
+    assert [(p.round, p.member) for p in k.parts_seen()] == [(4, "Qm4a"), (4, "Qm4b"), (3, "Qm3a"), (3, "Qm3b")]
+    many = EvidenceKeeper(key, RUN, PEER)
+    many.keep(1, "h", PARAMS, torch.zeros(NUMEL), seen=[(f"Qm{i}", 0, 8, bytes(32)) for i in range(MAX_PARTS_SEEN * 2)])
+    assert len(many.parts_seen()) == MAX_PARTS_SEEN
+
+
+def test_a_contribution_is_bound_when_every_reported_part_is_its_own():
+    values = torch.randn(100)
+    reports = [("node-r", PartSeen(3, PEER, 0, 50, part_digest(values[:50]))),
+               ("node-s", PartSeen(3, PEER, 50, 100, part_digest(values[50:])))]
+    assert unbound(values, reports) == ""
+    assert unbound(values, []) == ""  # nothing reported: nothing to bind to
+    other = values.clone()
+    other[70] += 1e-3  # one value in the second part
+    assert "[50, 100)" in unbound(other, reports) and "node-s" in unbound(other, reports)
+    assert "of a contribution of 40" in unbound(values[:40], reports)

@@ -143,13 +143,16 @@ class CoordinatorClient:
         return self._retry(lambda: self.stub.RegisterPeer(request, timeout=self.rpc_timeout + 10.0), "register peer",
                            give_up_after)
 
-    def heartbeat(self, metrics: pb.NodeMetrics, evidence_round: int = 0,
-                  commitments: Sequence[bytes] = ()) -> pb.HeartbeatResponse:
+    def heartbeat(self, metrics: pb.NodeMetrics, evidence_round: int = 0, commitments: Sequence[bytes] = (),
+                  parts_seen: Sequence = ()) -> pb.HeartbeatResponse:
         """One heartbeat on this node's heartbeat stream (opened on first use, and again after it broke); raises
         grpc.RpcError when the coordinator does not answer within ``rpc_timeout``. ``evidence_round``: the latest
-        round whose evidence this node keeps for a validator (0: none), ``commitments`` those rounds' commitments."""
+        round whose evidence this node keeps for a validator (0: none), ``commitments`` those rounds' commitments,
+        ``parts_seen`` what it reduced of its groupmates' (:class:`cotrain.verification.witness.PartSeen`)."""
         request = pb.HeartbeatRequest(node_id=self.node_id, session=self.session, metrics=metrics,
-                                      evidence_round=evidence_round, commitments=list(commitments))
+                                      evidence_round=evidence_round, commitments=list(commitments),
+                                      parts_seen=[pb.PartSeen(round=p.round, member=p.member, start=p.start,
+                                                              end=p.end, digest=p.digest) for p in parts_seen])
         with self._lock:
             if self._heartbeats is None:
                 self._heartbeats = HeartbeatStream(self.stub)

@@ -15,7 +15,7 @@ from cotrain.config_file import ConfigError, ConfigFile  # noqa: F401 (ConfigErr
 
 
 #: byzantine behaviours a node can be started with, for benches and tests (cotrain.averaging.attacks)
-ATTACKS = ("scale", "sign_flip", "random", "zero", "stale", "alie")
+ATTACKS = ("scale", "sign_flip", "random", "zero", "stale", "alie", "equivocate")
 
 
 class _Section(BaseModel):
@@ -404,10 +404,10 @@ class VerificationConfig(_Section):
     asked; the coordinator scores it by the loss it lowers on the node's own work units and on a random unit, keeps
     each node's reputation, and revokes a node that keeps failing."""
 
-    #: off by default, for two reasons: a check costs the node an upload of its round's evidence (8 bytes a
-    #: parameter, about what the all-reduce sends in a round; at sample_rate 0.5 half a round's worth a round), and an
-    #: attacker that sends its group one contribution and the validator another is not caught yet. Turn it on for a
-    #: swarm of strangers: bench/verify.py (docs/results/verify.md) measures what it catches and costs
+    #: off by default: a check costs the node an upload of its round's evidence (8 bytes a parameter, about what the
+    #: all-reduce sends in a round; at sample_rate 0.5 half a round's worth a round), and shifts too small for the loss
+    #: to show ("a little is enough") need a replay of the round, not built yet. Turn it on for a swarm of strangers:
+    #: bench/verify.py (docs/results/verify.md) measures what it catches and costs
     enabled: bool = False
     #: the chance that a node's latest round is checked when it offers it (about once a round: rounds are longer
     #: than a heartbeat). Each check costs the node an upload of 8 bytes a parameter and the coordinator four forward

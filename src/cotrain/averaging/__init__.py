@@ -53,5 +53,5 @@ def evidence_of(strategy, evidence) -> Optional[OnSent]:
     """What keeps each round's evidence (DiLoCo's round's global parameters and the contribution sent), or None."""
     if evidence is None or not isinstance(strategy, DiLoCo):
         return None
-    return lambda round_number, state_hash, sent: evidence.keep(round_number, state_hash, strategy.global_params,
-                                                                sent)
+    return lambda round_number, state_hash, sent, seen: evidence.keep(round_number, state_hash,
+                                                                      strategy.global_params, sent, seen)

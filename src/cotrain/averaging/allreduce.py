@@ -31,6 +31,7 @@ import torch
 from cotrain.averaging.exchange import UNARY_MAX_BYTES, Exchange
 from cotrain.averaging.work import credited_weights
 from cotrain.compression import Codec
+from cotrain.verification.witness import part_digest
 
 Aggregator = Callable[[list[torch.Tensor], list[float]], torch.Tensor]
 
@@ -100,6 +101,8 @@ class AllReduceResult:
     seconds: float = 0.0
     #: peer -> the weight its contribution was credited with (:func:`credited`), the same on every member
     credits: dict[str, float] = field(default_factory=dict)
+    #: what this peer reduced of its groupmates' contributions: (member, start, end, digest of the values it took in)
+    seen: list[tuple[str, int, int, bytes]] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -109,10 +112,12 @@ class AllReduceResult:
 
 def butterfly_allreduce(exchange: Exchange, tag: str, group: Sequence, me, vector: torch.Tensor, weight: float,
                         codec: Codec, timeout: float, aggregator: Aggregator = weighted_mean,
-                        reducers: Optional[Sequence[bool]] = None, min_part_values: int = 0) -> AllReduceResult:
+                        reducers: Optional[Sequence[bool]] = None, min_part_values: int = 0,
+                        witness: bool = False) -> AllReduceResult:
     """Average ``vector`` (flat float32) with ``group`` (PeerIDs, the same order on every peer, ``me`` among them).
     ``reducers``: which peers others can dial (the same on every peer; None: all). ``min_part_values``: the fewest
-    values a reducer's part may hold (:func:`choose_reducers`; 0: every dialable peer reduces a part)."""
+    values a reducer's part may hold (:func:`choose_reducers`; 0: every dialable peer reduces a part). ``witness``:
+    note what this peer reduces of each groupmate's contribution (``AllReduceResult.seen``; verification)."""
     started = time.monotonic()
     group = list(group)
     names = [str(p) for p in group]
@@ -134,9 +139,10 @@ def butterfly_allreduce(exchange: Exchange, tag: str, group: Sequence, me, vecto
     average = torch.empty_like(vector)
     contributors = [n] * n  # a part nobody reduces (an empty one) lacks no contribution
     dropped: dict[str, str] = {}
+    seen: Optional[list] = [] if witness else None
     if mine in reducing:
         own_result = _reduce_part(exchange, tag, group, names, mine, bounds[mine], weight, own_parts[mine], codec,
-                                  timeout, aggregator, dropped)
+                                  timeout, aggregator, dropped, seen)
     # gather every reduced part
     requests = [(group[j], f"{tag}/out/{j}") for j in reducing if j != mine]
     largest = max(b - a for a, b in bounds)
@@ -157,19 +163,23 @@ def butterfly_allreduce(exchange: Exchange, tag: str, group: Sequence, me, vecto
             raise AllReduceFailed(f"reduced part {j} from peer {names[j][-8:]} is malformed: {e}") from None
         credits.append(part_credits)
     return AllReduceResult(average, sent, contributors, dropped, time.monotonic() - started,
-                           credits=agreed_credits(names, credits))
+                           credits=agreed_credits(names, credits), seen=seen or [])
 
 
 def _reduce_part(exchange: Exchange, tag: str, group: list, names: list[str], mine: int, bounds: tuple[int, int],
                  weight: float, own: bytes, codec: Codec, timeout: float, aggregator: Aggregator,
-                 dropped: dict) -> bytes:
+                 dropped: dict, seen: Optional[list] = None) -> bytes:
     """Reducer ``mine``: fetch every groupmate's contribution to its part, aggregate, publish the result; -> the
-    result as published (:func:`_pack_result`). Contributions left out are named in ``dropped``."""
+    result as published (:func:`_pack_result`). Contributions left out are named in ``dropped``; what it took in of
+    each groupmate's goes to ``seen`` (member, start, end, digest) when it is a list."""
     a, b = bounds
     others = [(p, f"{tag}/in/{mine}/{name}") for p, name in zip(group, names) if name != names[mine]]
     fetched = exchange.fetch_many(others, wait_s=timeout, large=_streams(b - a), max_bytes=8 + encoded_bound(b - a))
+    digests: Optional[dict] = None if seen is None else {}
     result = _aggregate(names, _insert(fetched, mine, struct.pack("<d", weight) + own), b - a, codec, aggregator,
-                        dropped, reputation_of(exchange))
+                        dropped, reputation_of(exchange), digests)
+    if seen is not None:
+        seen.extend((name, a, b, digest) for name, digest in digests.items() if name != names[mine])
     exchange.publish(tag, f"{tag}/out/{mine}", result, readers=len(group) - 1)  # every groupmate gathers every part
     return result
 
@@ -186,12 +196,15 @@ def reputation_of(exchange) -> Callable[[str], float]:
 
 
 def _aggregate(names: Sequence[str], payloads: Sequence[Optional[bytes]], numel: int, codec: Codec,
-               aggregator: Aggregator, dropped: dict, reputation: Callable[[str], float] = full_reputation) -> bytes:
+               aggregator: Aggregator, dropped: dict, reputation: Callable[[str], float] = full_reputation,
+               digests: Optional[dict] = None) -> bytes:
     """Aggregate the contributions (weight, then the encoded values; None: none came) in ``names``' order, each
     weighted by the work it shows times the member's ``reputation`` (verification: what its newest credential
     says). -> the result (:func:`_pack_result`: how many were aggregated, each name's
     credited weight, 0 for those left out, and the encoded aggregate). Those left out are named in ``dropped``, with
-    why; the caller's own is among them and is valid, so at least one is aggregated."""
+    why; the caller's own is among them and is valid, so at least one is aggregated. ``digests`` (when given) gets
+    each decoded contribution's :func:`~cotrain.verification.witness.part_digest`, by name: what a validator binds
+    the member's evidence to."""
     parts, weights, kept = [], [], []
     for name, payload in zip(names, payloads):
         if payload is None:
@@ -203,6 +216,8 @@ def _aggregate(names: Sequence[str], payloads: Sequence[Optional[bytes]], numel:
         except (ValueError, struct.error) as e:
             dropped[name] = f"malformed contribution: {e}"
             continue
+        if digests is not None:
+            digests[name] = part_digest(part)
         if not (np.isfinite(w) and w > 0):
             dropped[name] = f"bad weight {w}"
             continue
@@ -270,12 +285,14 @@ def contribution_piece(vector: torch.Tensor, weight: float, codec: Codec) -> tup
 
 
 def hosted_reduce(pieces: dict[str, Optional[bytes]], numel: int, codec: Codec, aggregator: Aggregator,
-                  dropped: dict, reputation: Callable[[str], float] = full_reputation) -> bytes:
+                  dropped: dict, reputation: Callable[[str], float] = full_reputation,
+                  digests: Optional[dict] = None) -> bytes:
     """The host's side: aggregate the group's contributions (peer id -> piece from :func:`contribution_piece`, the
     host's own included; None or empty: none came) in id order -> the result every member decodes
-    (:func:`hosted_average`). Those left out are named in ``dropped``."""
+    (:func:`hosted_average`). Those left out are named in ``dropped``; ``digests`` as :func:`_aggregate`'s."""
     names = sorted(pieces)
-    return _aggregate(names, [pieces[name] or None for name in names], numel, codec, aggregator, dropped, reputation)
+    return _aggregate(names, [pieces[name] or None for name in names], numel, codec, aggregator, dropped, reputation,
+                      digests)
 
 
 def hosted_average(result: bytes, names: Sequence[str], numel: int,

@@ -15,7 +15,10 @@ and those a verifier of contributions must catch (docs/design/verification.md, b
 - ``stale``: the contribution of its previous round (a stale update; its first round's is honest);
 - ``alie``: "a little is enough" (Baruch et al., NeurIPS 2019), as one attacker can do it alone: every value
   shifted by ``ALIE_Z`` times its own magnitude, in one direction of signs fixed for the run, so that the update's
-  norm grows by about 12% only and it stays inside any clipping radius.
+  norm grows by about 12% only and it stays inside any clipping radius;
+- ``equivocate``: the group gets ``sign_flip``'s contribution while the node's evidence for a validator shows its
+  honest one (:meth:`cotrain.averaging.reduction.Reduction.shown`): what binding the evidence to what the reducers
+  took in catches (:mod:`cotrain.verification.witness`).
 
 A byzantine *reducer* (corrupting the averages it sends back in the butterfly all-reduce) is not among them:
 defending against it needs BTARD's verification, which cotrain does not do.
@@ -34,12 +37,13 @@ ATTACK_STRENGTH = 10.0
 ALIE_Z = 0.5
 
 Attack = Callable[[torch.Tensor], torch.Tensor]
+EQUIVOCATE = "equivocate"
 
 
 def make_attack(name: str, seed: int = 0, strength: float = ATTACK_STRENGTH) -> Attack:
     if name == "scale":
         return lambda v: v * strength
-    if name == "sign_flip":
+    if name in ("sign_flip", EQUIVOCATE):
         return lambda v: v * -strength
     if name == "random":
         generator = torch.Generator().manual_seed(seed + 7919)

@@ -23,7 +23,7 @@ import torch
 from cotrain.averaging.allgather import sparse_allgather
 from cotrain.averaging.allreduce import (butterfly_allreduce, contribution_piece, encoded_bound, hosted,
                                         hosted_average, hosted_reduce, reputation_of, weighted_mean)
-from cotrain.averaging.attacks import make_attack
+from cotrain.averaging.attacks import EQUIVOCATE, make_attack
 from cotrain.averaging.exchange import Exchange
 from cotrain.averaging.meeting import MAX_ROSTER_MEMBERS
 from cotrain.averaging.robust import build_aggregator
@@ -53,6 +53,8 @@ class Reduced:
     dropped: dict = field(default_factory=dict)  # member -> why its contribution was left out
     #: this peer's contribution flat, as the group decoded it (None where it is no one vector: PowerSGD)
     sent: Optional[torch.Tensor] = None
+    #: what this peer reduced of its groupmates' contributions (member, start, end, digest; ``witness`` on)
+    seen: tuple = ()
 
 
 def unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -65,8 +67,12 @@ def unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Te
 
 class Reduction:
     def __init__(self, exchange: Exchange, cfg: AveragingConfig, compression: CompressionConfig,
-                 shapes: Sequence[torch.Size], feedback: Feedback = Feedback(), seed: int = 0, attack: str = ""):
+                 shapes: Sequence[torch.Size], feedback: Feedback = Feedback(), seed: int = 0, attack: str = "",
+                 witness: bool = False):
+        """``witness``: note what this peer reduces of each groupmate's contribution (``Reduced.seen``), for a
+        validator to bind their evidence to (:mod:`cotrain.verification.witness`)."""
         self.exchange, self.cfg, self.compression, self.feedback = exchange, cfg, compression, feedback
+        self.witness = witness
         self.numel = sum(int(torch.Size(s).numel()) for s in shapes)
         if compression.kind == "sparse":
             self.codec = SparseLowBit([int(torch.Size(s).numel()) for s in shapes], compression.sparse_chunk,
@@ -80,6 +86,8 @@ class Reduction:
         self.aggregator = (None if compression.kind == "sparse" else  # the sparse all-gather aggregates itself
                            build_aggregator(cfg.aggregation, cfg.trim_fraction, cfg.clip_tau, cfg.clip_multiple))
         self.attack: Optional[Callable[[torch.Tensor], torch.Tensor]] = make_attack(attack, seed) if attack else None
+        #: the "equivocate" attack: the evidence shows the honest contribution, the group gets the attacked one
+        self.two_faced = attack == EQUIVOCATE
         self.error: Optional[torch.Tensor] = None  # the feedback buffer (not ``in_params``)
         self._residual: Optional[list[torch.Tensor]] = None  # ``in_params``: the last round's unsent part
 
@@ -102,10 +110,10 @@ class Reduction:
                                       self.cfg.aggregation, self.cfg.clip_multiple, reducers)
         else:
             result = butterfly_allreduce(self.exchange, tag, group, me, sent, weight, self.codec, timeout,
-                                         self.aggregator, reducers, self.cfg.min_part_values)
+                                         self.aggregator, reducers, self.cfg.min_part_values, self.witness)
         self.took_feedback(contribution, flat, result.sent, use_feedback)
         return Reduced(unflatten(result.average, contribution), result.complete, result.credits, result.dropped,
-                       result.sent)
+                       self.shown(flat, result.sent), tuple(result.seen))
 
     def _powersgd(self, contribution, tag, group, me, weight, reducers) -> Reduced:
         complete, credits, dropped = True, [], {}
@@ -151,6 +159,11 @@ class Reduction:
         sent = self.attack(flat) if self.attack is not None else flat
         return flat, sent, use_feedback
 
+    def shown(self, flat: torch.Tensor, decoded: torch.Tensor) -> torch.Tensor:
+        """The contribution this peer shows as the one it sent: ``decoded`` (as the group decoded it), or for the
+        "equivocate" attack the honest ``flat`` as the group would have decoded it."""
+        return self.codec.decode(self.codec.encode(flat), flat.numel()) if self.two_faced else decoded
+
     def took_feedback(self, contribution: list[torch.Tensor], flat: torch.Tensor, decoded: torch.Tensor,
                       use_feedback: bool) -> None:
         """The round went through: keep what compression left out of ``flat`` (``decoded``: it as the reducers
@@ -189,6 +202,7 @@ class Hosting:
     weight: float
     reduction: Reduction
     dropped: dict = field(default_factory=dict)  # the host's: contributions it left out, and why
+    seen: dict = field(default_factory=dict)  # the host's: member -> digest of the contribution it took in
 
     @functools.cached_property
     def _sent(self) -> tuple[torch.Tensor, torch.Tensor, bool, bytes]:
@@ -213,7 +227,7 @@ class Hosting:
 
     def reduce(self, pieces: dict[str, bytes]) -> bytes:
         return hosted_reduce(pieces, self.numel, self.reduction.codec, self.reduction.aggregator, self.dropped,
-                             reputation_of(self.reduction.exchange))
+                             reputation_of(self.reduction.exchange), self.seen if self.reduction.witness else None)
 
     def average(self, result: bytes, group: Sequence[str]) -> Reduced:
         """The host's result for ``group`` (every member's id), and the error compression left out kept for the next
@@ -222,4 +236,5 @@ class Hosting:
         flat, decoded, use_feedback, _ = self._sent
         self.reduction.took_feedback(self.contribution, flat, decoded, use_feedback)
         return Reduced(unflatten(average, self.contribution), count == len(group), credits, dict(self.dropped),
-                       decoded)
+                       self.reduction.shown(flat, decoded),
+                       tuple((member, 0, self.numel, digest) for member, digest in self.seen.items()))

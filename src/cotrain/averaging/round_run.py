@@ -34,7 +34,8 @@ OnDropped = Callable[[int, Mapping[str, str]], None]
 OnCredits = Callable[[int, Mapping[str, int], Mapping[str, int]], None]
 #: (round, the hash of the shared state it began on, this peer's contribution flat as the group decoded it): the
 #: evidence a validator may ask for (:class:`cotrain.verification.evidence.EvidenceKeeper`)
-OnSent = Callable[[int, str, torch.Tensor], None]
+#: (round, state hash, the contribution as the group decoded it, what this peer reduced of its groupmates')
+OnSent = Callable[[int, str, torch.Tensor, tuple], None]
 
 
 class RoundRun:
@@ -87,7 +88,7 @@ class RoundRun:
                 reduced = self.reduction.allreduce(launch.contribution, tag, group, me, weight, reducers)
             self._on_dropped(launch.round, reduced.dropped)
             if self._on_sent is not None and reduced.sent is not None:
-                self._on_sent(launch.round, state_hash, reduced.sent)
+                self._on_sent(launch.round, state_hash, reduced.sent, reduced.seen)
             if self.cfg.state_averaging and differ:
                 states = self.reduction.average_states(self._shared_copy(), f"{tag}-state", group, me, reducers)
                 self._on_dropped(launch.round, states.dropped)

@@ -118,7 +118,7 @@ class RoundAverager:
             stats=self.stats, on_counts=self.tally.observe, now=self.now)
         #: what the round's contributions go through on the wire, and what compression left out of them
         self.reduction = Reduction(self.exchange, cfg, compression, [p.shape for p in self.params],
-                                   strategy.feedback, seed, attack)
+                                   strategy.feedback, seed, attack, witness=on_sent is not None)
         #: the state every member of a group holds identically, its hash, and the checkpoint a joiner downloads
         self.shared = SharedState(strategy, self.reduction, self.param_names, run_id)
         #: a meeting's members join its host with their meetings (a hosted round's contribution riding on them)

@@ -183,18 +183,34 @@ class NodeMetrics(_message.Message):
     def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_total: _Optional[int] = ..., epoch: _Optional[int] = ..., partial_rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ..., samples_local: _Optional[int] = ..., compute_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., state_bytes_sent: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., peer_id: _Optional[str] = ..., flagged_peers: _Optional[_Iterable[str]] = ..., units_done: _Optional[int] = ..., refused: _Optional[int] = ..., refused_peers: _Optional[_Iterable[str]] = ..., groups_from_board: _Optional[int] = ..., groups_matchmade: _Optional[int] = ..., meet_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., processes: _Optional[int] = ..., heartbeat_ms: _Optional[float] = ..., last_group: _Optional[_Iterable[str]] = ..., lr: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "session", "metrics", "evidence_round", "commitments")
+    __slots__ = ("node_id", "session", "metrics", "evidence_round", "commitments", "parts_seen")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_ROUND_FIELD_NUMBER: _ClassVar[int]
     COMMITMENTS_FIELD_NUMBER: _ClassVar[int]
+    PARTS_SEEN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     session: str
     metrics: NodeMetrics
     evidence_round: int
     commitments: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., evidence_round: _Optional[int] = ..., commitments: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    parts_seen: _containers.RepeatedCompositeFieldContainer[PartSeen]
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., evidence_round: _Optional[int] = ..., commitments: _Optional[_Iterable[bytes]] = ..., parts_seen: _Optional[_Iterable[_Union[PartSeen, _Mapping]]] = ...) -> None: ...
+
+class PartSeen(_message.Message):
+    __slots__ = ("round", "member", "start", "end", "digest")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    member: str
+    start: int
+    end: int
+    digest: bytes
+    def __init__(self, round: _Optional[int] = ..., member: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., digest: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("command", "reason", "credential", "revocations", "evidence_round")

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from cotrain.verification.commitment import MAX_COMMITMENT_BYTES, commit, encode_commitment
+from cotrain.verification.witness import MAX_PARTS_SEEN, PartSeen, contribution_bytes
 
 MAGIC = b"CTE1"
 #: a state hash is a hex digest (sha256: 64 characters); the bound only keeps hostile input small
@@ -62,10 +63,6 @@ class Evidence:
     def contribution_bytes(self) -> bytes:
         """The bytes the commitment is made to."""
         return contribution_bytes(self.contribution)
-
-
-def contribution_bytes(flat: torch.Tensor) -> bytes:
-    return flat.detach().to(torch.float32).cpu().contiguous().numpy().astype("<f4", copy=False).tobytes()
 
 
 def evidence_bytes(numel: int) -> int:
@@ -158,19 +155,21 @@ def flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 class EvidenceKeeper:
     """A node's evidence of its last :data:`KEEP_ROUNDS` rounds, each committed (signed with ``key``, the node's
-    record key) as it is kept. :meth:`keep` runs on the round's thread, :meth:`latest` and :meth:`encoded` on the
-    heartbeat's: everything is under one lock."""
+    record key) as it is kept, and what it reduced of its groupmates' contributions in its last two rounds (the
+    reports that bind their evidence: :mod:`cotrain.verification.witness`). :meth:`keep` runs on the round's thread,
+    :meth:`latest`, :meth:`encoded` and :meth:`parts_seen` on the heartbeat's: everything is under one lock."""
 
     def __init__(self, key, run_id: str, peer_id: str, keep_rounds: int = KEEP_ROUNDS):
         self.key, self.run_id, self.peer_id, self.keep_rounds = key, run_id, peer_id, keep_rounds
         self._lock = threading.Lock()
         self._kept: OrderedDict[int, Evidence] = OrderedDict()
         self._reads: list[tuple[int, int]] = []  # read since the last evidence kept, merged
+        self._seen: OrderedDict[int, tuple] = OrderedDict()  # round -> (member, start, end, digest), newest last
 
     def keep(self, round_number: int, state_hash: str, params: Sequence[torch.Tensor],
-             contribution: torch.Tensor) -> None:
+             contribution: torch.Tensor, seen: Sequence[tuple[str, int, int, bytes]] = ()) -> None:
         """The evidence of ``round_number``: the round's global ``params`` and ``contribution`` (flat, as the group
-        decoded it), committed now."""
+        decoded it), committed now; ``seen``: what this node reduced of its groupmates' contributions."""
         ev_params, ev_contribution = flat(params), flat([contribution])
         signed = commit(self.key, run_id=self.run_id, round=round_number, peer_id=self.peer_id,
                         contribution=contribution_bytes(ev_contribution))
@@ -181,6 +180,11 @@ class EvidenceKeeper:
             self._kept.move_to_end(round_number)
             while len(self._kept) > self.keep_rounds:
                 self._kept.popitem(last=False)
+            if seen:
+                self._seen[round_number] = tuple(seen)
+                self._seen.move_to_end(round_number)
+                while len(self._seen) > 2:
+                    self._seen.popitem(last=False)
 
     def note_read(self, ranges: Sequence[tuple[int, int]]) -> None:
         """Byte ranges of the training split a batch read (the main thread, every step)."""
@@ -196,6 +200,13 @@ class EvidenceKeeper:
         """The encoded commitments of the rounds kept, oldest first."""
         with self._lock:
             return [ev.commitment for ev in self._kept.values()]
+
+    def parts_seen(self) -> list[PartSeen]:
+        """What this node reduced of its groupmates' contributions in its last two rounds, the newest first, at most
+        :data:`~cotrain.verification.witness.MAX_PARTS_SEEN`: each heartbeat carries them."""
+        with self._lock:
+            rounds = list(self._seen.items())
+        return [PartSeen(r, *entry) for r, entries in reversed(rounds) for entry in entries][:MAX_PARTS_SEEN]
 
     def encoded(self, round_number: int) -> Optional[bytes]:
         """The evidence of ``round_number`` as a validator takes it in; None when it is not kept (any more)."""

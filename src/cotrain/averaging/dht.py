@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -10,7 +11,7 @@ import struct
 import sys
 import time
 from collections import OrderedDict
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from hivemind.dht import DHT
 
@@ -33,6 +34,12 @@ NO_CACHE = dict(cache_locally=False, cache_nearest=0, cache_refresh_before_expir
 #: DHT processes and libp2p daemons took more CPU than the training (bench/scale.py). Raise it for swarms with heavy
 #: churn, where all of a key's replicas may go within one interval.
 REPLICAS = 3
+#: the libp2p daemon's Go garbage collector target (GOGC), given to the daemons this process starts: a heap may grow
+#: to 1 + GOGC/100 times what it holds live before Go collects it, so the daemon's memory settles at about that
+#: multiple of its working set. bench/daemon_memory.py (docs/results/daemon_memory.md) measures both side by side;
+#: the daemon's collections cost little CPU beside a node's training. A GOGC in the environment is an operator's
+#: choice and is kept
+DAEMON_GOGC = "50"
 
 #: How many of a key's nearest DHT peers a read or a store keeps in its search (hivemind's ``beam_size``; pass it to
 #: ``DHT.get`` and ``DHT.store``). hivemind's default is the bucket size, 20: a read of the latest value visits the 20
@@ -42,6 +49,19 @@ REPLICAS = 3
 #: a little; raise it towards 20 if reads come back missing records that were stored (churn, peers whose routing
 #: tables lag).
 SEARCH_BEAM = 2 * REPLICAS
+
+
+@contextlib.contextmanager
+def go_gc_target() -> Iterator[None]:
+    """:data:`DAEMON_GOGC` in the environment inside the block (unless GOGC is set already), as it was after."""
+    if "GOGC" in os.environ:
+        yield
+        return
+    os.environ["GOGC"] = DAEMON_GOGC
+    try:
+        yield
+    finally:
+        os.environ.pop("GOGC", None)
 
 
 def start_dht(initial_peers: Sequence[str] = (), host: str = "127.0.0.1", port: int = 0,
@@ -62,15 +82,16 @@ def start_dht(initial_peers: Sequence[str] = (), host: str = "127.0.0.1", port: 
         kwargs["identity_path"] = identity_path
     if announce:
         kwargs["announce_maddrs"] = list(announce)
-    dht = DHT(
-        initial_peers=list(initial_peers),
-        host_maddrs=[f"/ip4/{host}/tcp/{port}"],
-        client_mode=client_mode,
-        start=True,
-        num_replicas=REPLICAS,
-        **NO_CACHE,
-        **kwargs,
-    )
+    with go_gc_target():  # the DHT's process starts the daemon with this process's environment
+        dht = DHT(
+            initial_peers=list(initial_peers),
+            host_maddrs=[f"/ip4/{host}/tcp/{port}"],
+            client_mode=client_mode,
+            start=True,
+            num_replicas=REPLICAS,
+            **NO_CACHE,
+            **kwargs,
+        )
     signal.signal(signal.SIGINT, handler)
     dht.run_coroutine(remember_verdicts)
     return dht

@@ -12,8 +12,9 @@ thread then checks it, in order:
    bytes (:func:`~cotrain.verification.commitment.verify_commitment`, ``matches``);
 3. the contribution is what the node's group took in: every part its reducers reported on their heartbeats
    (:meth:`Validator.take_parts_seen`) has the digest of the same slice of the evidence
-   (:func:`~cotrain.verification.witness.unbound`). The check waits :attr:`Validator.witness_wait_s` after the
-   evidence came, for those heartbeats;
+   (:func:`~cotrain.verification.witness.contradicting`); a contradiction counts once two distinct reducers have made
+   one (``binding_counts``), before that it is inconclusive. The check waits :attr:`Validator.witness_wait_s` after
+   the evidence came, for those heartbeats;
 4. the bytes the node says it read lie in work units it was given;
 5. the contribution lowers the loss on those bytes, and does not raise a random unit's by much
    (:func:`~cotrain.verification.score.loss_score`, with the round's global parameters from the evidence).
@@ -21,8 +22,7 @@ thread then checks it, in order:
 Each verdict goes into the reputation :class:`~cotrain.verification.reputation.Book` (kept in the store through
 ``save``); :meth:`weight` is what the node's credential carries into aggregation, and a node the book says to
 suspend is revoked through the revocation list (:meth:`suspended`, which the service adds to the revoked tokens'
-nodes). A reducer's report is taken as its authenticated heartbeat says; a reducer that reports false digests to
-frame its groupmates is not told apart from the members it frames yet (docs/design/verification.md).
+nodes).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ from cotrain.verification import score as scoring
 from cotrain.verification.commitment import decode_commitment, matches, verify_commitment
 from cotrain.verification.evidence import EvidenceError, decode_evidence, merged
 from cotrain.verification.reputation import Book, weight_multiplier
-from cotrain.verification.witness import MAX_PARTS_SEEN, PartSeen, check_part_seen, unbound
+from cotrain.verification.witness import (MAX_PARTS_SEEN, PartSeen, binding_counts, check_part_seen,
+                                          contradicting)
 
 logger = logging.getLogger(__name__)
 
@@ -212,6 +213,8 @@ class Validator(threading.Thread):
         self._committed: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         #: (member peer, round) -> {(reducer node, start): its report}, oldest first (bounded)
         self._parts: OrderedDict[tuple[str, int], dict[tuple[str, int], PartSeen]] = OrderedDict()
+        #: node -> the reducers that contradicted its evidence, each with the latest round it did
+        self._contradicted: dict[str, OrderedDict[str, int]] = {}
         #: the digest of an all-zero contribution: repeated by any node that took no step, and the loss score's to judge
         self._zeros = hashlib.sha256(bytes(4 * self.scorer.numel)).digest()
 
@@ -377,9 +380,9 @@ class Validator(threading.Thread):
         revealed = matches(signed.commitment, ev.contribution_bytes)
         if not revealed.ok:
             return failed("commitment", revealed.reason)
-        other_than_sent = unbound(ev.contribution, self.parts_seen(who.peer_id, round_number))
-        if other_than_sent:
-            return failed(BOUND, other_than_sent)
+        contradicted = contradicting(ev.contribution, self.parts_seen(who.peer_id, round_number))
+        if contradicted:
+            return self._binding_failed(who, round_number, contradicted)
         units = self.own_units(who.node_id)
         given = merged([r for u in units for r in u])
         outside = next(((a, b) for a, b in ev.reads if not any(c <= a and b <= d for c, d in given)), None)
@@ -395,6 +398,23 @@ class Validator(threading.Thread):
         except ValueError as e:  # the global parameters in the evidence give no finite loss
             return failed(scoring.MALFORMED, f"evidence.params: {e}")
         return Check(who.node_id, round_number, result.passed, result.failed, result.reason, check_weight(result))
+
+    def _binding_failed(self, who: Candidate, round_number: int, contradicted: list[tuple[str, str]]) -> Check:
+        """The verdict on evidence that reducers contradicted: a failure that counts once distinct reducers enough
+        have (one lying reducer must not frame a member), until then an inconclusive one."""
+        with self._lock:
+            by = self._contradicted.setdefault(who.node_id, OrderedDict())
+            for reducer, _ in contradicted:
+                by[reducer] = round_number
+                by.move_to_end(reducer)
+            while len(by) > MAX_PARTS_SEEN:
+                by.popitem(last=False)
+            counts = binding_counts(set(by))
+        words = f"{contradicted[0][1]}: the group got another contribution than the evidence"
+        if counts:
+            return Check(who.node_id, round_number, False, BOUND, words, 1.0)
+        return Check(who.node_id, round_number, False, BOUND, f"{words} (one reducer's word: it counts once another "
+                     "reducer says so too)", 0.0)
 
     def record(self, who: Candidate, check: Check) -> None:
         now = self.now()

@@ -233,11 +233,20 @@ def test_evidence_that_matches_what_the_reducers_took_in_passes(setting, key):
     assert check.passed, check.reason
 
 
-def test_a_node_that_showed_its_group_another_contribution_fails_the_binding(setting, key):
+def test_a_node_that_showed_its_group_another_contribution_fails_once_two_reducers_say_so(setting, key):
     honest, v = setting[4], validator(setting)
     sent = -10 * honest  # what the group took in; the evidence shows the honest one
     v.take_parts_seen(reducer(RSAPrivateKey()), [PartSeen(3, PEER, 0, honest.numel(), part_digest(sent))])
     check = v.check(who(key), 3, evidence(key, setting, honest))
+    # one reducer's word alone could frame an honest node: inconclusive
+    assert not check.passed and check.failed == BOUND and check.weight == 0.0
+    # the same reducer again: still one word
+    v.take_parts_seen(reducer(RSAPrivateKey()), [PartSeen(4, PEER, 0, honest.numel(), part_digest(sent))])
+    assert v.check(who(key), 4, evidence(key, setting, honest, round_number=4)).weight == 0.0
+    # another reducer, in a later round: it counts
+    v.take_parts_seen(reducer(RSAPrivateKey(), "node-s", "QmOther"),
+                      [PartSeen(5, PEER, 0, honest.numel(), part_digest(sent))])
+    check = v.check(who(key), 5, evidence(key, setting, honest, round_number=5))
     assert not check.passed and check.failed == BOUND and check.weight == 1.0
     # a report of another round binds nothing of this one
     other = validator(setting)

@@ -11,7 +11,8 @@ from hivemind.utils.crypto import RSAPrivateKey
 from cotrain.verification.commitment import matches, verify_commitment
 from cotrain.verification.evidence import (KEEP_ROUNDS, MAGIC, Evidence, EvidenceError, EvidenceKeeper,
                                            decode_evidence, encode_evidence, evidence_bytes)
-from cotrain.verification.witness import MAX_PARTS_SEEN, PartSeen, part_digest, unbound
+from cotrain.verification.witness import (MAX_PARTS_SEEN, PartSeen, binding_counts, contradicting,
+                                          part_digest)
 
 RUN, PEER = "run-1-0123abcd", "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 PARAMS = [torch.randn(3, 4), torch.randn(5)]
@@ -128,9 +129,15 @@ def test_a_contribution_is_bound_when_every_reported_part_is_its_own():
     values = torch.randn(100)
     reports = [("node-r", PartSeen(3, PEER, 0, 50, part_digest(values[:50]))),
                ("node-s", PartSeen(3, PEER, 50, 100, part_digest(values[50:])))]
-    assert unbound(values, reports) == ""
-    assert unbound(values, []) == ""  # nothing reported: nothing to bind to
+    assert contradicting(values, reports) == []
+    assert contradicting(values, []) == []  # nothing reported: nothing to bind to
     other = values.clone()
     other[70] += 1e-3  # one value in the second part
-    assert "[50, 100)" in unbound(other, reports) and "node-s" in unbound(other, reports)
-    assert "of a contribution of 40" in unbound(values[:40], reports)
+    assert [reducer for reducer, _ in contradicting(other, reports)] == ["node-s"]
+    assert [reducer for reducer, _ in contradicting(values[:40], reports)] == ["node-r", "node-s"]
+
+
+@pytest.mark.parametrize("reducers, counts", [(set(), False), ({"node-r"}, False), ({"node-r", "node-s"}, True),
+                                              ({"a", "b", "c"}, True)])
+def test_a_contradiction_counts_once_two_distinct_reducers_made_one(reducers, counts):
+    assert binding_counts(reducers) == counts

@@ -5,8 +5,11 @@ binding, a member could send its group one contribution and the validator an hon
 verification on notes, for each member's part it took in, the digest of the values it decoded (:func:`part_digest`,
 over float32 little-endian, as the commitment is made) and where the part lies in the flat contribution
 (:class:`PartSeen`); its heartbeats carry those of its last rounds to the coordinator. The validator cuts the same
-slice out of the member's evidence and compares digests (:func:`unbound`): a member whose evidence differs from what a
-reducer took in sent its group something else.
+slice out of the member's evidence and compares digests (:func:`contradicting`): a member whose evidence differs from
+what a reducer took in sent its group something else, or the reducer lies. One reducer's word could frame an honest
+member, so a contradiction counts only once :data:`MIN_WITNESSES` distinct reducers have made one
+(:func:`binding_counts`): an attacker that sends its group another contribution is contradicted by each reducer in
+turn (the host and the butterfly's parts move round to round), one lying reducer never gets a member failed.
 
 Reports come from peers and are hostile: :func:`check_part_seen` bounds every field and names the one at fault.
 """
@@ -26,6 +29,9 @@ DIGEST_BYTES = 32
 MAX_MEMBER_CHARS = 128
 #: a flat contribution's values at most (a model of 2^40 parameters is beyond any volunteer's)
 MAX_VALUES = 1 << 40
+#: distinct reducers that must contradict a member's evidence before it fails a check that counts: with 2, a single
+#: lying reducer cannot frame a member, two colluding ones can
+MIN_WITNESSES = 2
 
 
 class PartSeen(NamedTuple):
@@ -60,15 +66,19 @@ def check_part_seen(part: PartSeen) -> str:
     return ""
 
 
-def unbound(contribution: torch.Tensor, seen: Sequence[tuple[str, PartSeen]]) -> str:
-    """Whether ``contribution`` (a member's evidence, flat) is what its reducers took in: ``seen``, (reducer, its
-    report) for the member's round. -> "" when every part matches, else the first part that does not, in words."""
-    numel = contribution.numel()
+def contradicting(contribution: torch.Tensor, seen: Sequence[tuple[str, PartSeen]]) -> list[tuple[str, str]]:
+    """The reducers whose reports ``contribution`` (a member's evidence, flat) contradicts, with what differs in
+    words: ``seen``, (reducer, its report) for the member's round. Empty: every part matches."""
+    numel, out = contribution.numel(), []
     for reducer, part in seen:
         if part.end > numel:
-            return (f"reducer {reducer[:8]} took in values [{part.start}, {part.end}) of a contribution of {numel}: "
-                    "the group got another contribution than the evidence")
-        if part_digest(contribution[part.start:part.end]) != part.digest:
-            return (f"values [{part.start}, {part.end}) differ from what reducer {reducer[:8]} took in: the group got "
-                    "another contribution than the evidence")
-    return ""
+            out.append((reducer, f"reducer {reducer[:8]} took in values [{part.start}, {part.end}) of a contribution "
+                                 f"of {numel}"))
+        elif part_digest(contribution[part.start:part.end]) != part.digest:
+            out.append((reducer, f"values [{part.start}, {part.end}) differ from what reducer {reducer[:8]} took in"))
+    return out
+
+
+def binding_counts(contradicted_by: set[str]) -> bool:
+    """Whether a member whose evidence these distinct reducers contradicted (lately) fails a check that counts."""
+    return len(contradicted_by) >= MIN_WITNESSES

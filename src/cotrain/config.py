@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from cotrain.config_file import ConfigError, ConfigFile  # noqa: F401 (ConfigError is re-exported from here)
+# ConfigError is re-exported from here; the [moe] and [verification] sections live beside what they configure
+from cotrain.config_file import ConfigError, ConfigFile, Section as _Section  # noqa: F401
+from cotrain.moe.config import MoEConfig
+from cotrain.verification.config import VerificationConfig
 
 
 #: byzantine behaviours a node can be started with, for benches and tests (cotrain.averaging.attacks)
 ATTACKS = ("scale", "sign_flip", "random", "zero", "stale", "alie", "equivocate")
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 class RunSection(_Section):
@@ -27,7 +26,7 @@ class RunSection(_Section):
     seed: int = Field(0, ge=0, le=2**32 - 1)
 
 
-LANGUAGE_MODELS = ("lstm", "gru", "fast_slow", "lru", "hgrn2", "mingru")
+LANGUAGE_MODELS = ("lstm", "gru", "fast_slow", "lru", "hgrn2", "mingru", "moe_lstm")
 WORLD_MODELS = ("mdn_rnn", "actions_wm")
 
 
@@ -39,12 +38,13 @@ class ModelConfig(_Section):
     LSTM cells of ``fast_size`` around one slow cell of ``slow_size``, with zoneout), and the linear recurrences,
     trained with a parallel scan over the sequence: ``lru`` (Linear Recurrent Unit, Orvieto et al. 2023),
     ``hgrn2`` (gated linear recurrence with outer-product state expansion, Qin et al. 2024) and ``mingru`` (Feng et
-    al. 2024), each ``num_layers`` blocks of width ``hidden_size`` with a position-wise MLP. World models learn an
+    al. 2024), each ``num_layers`` blocks of width ``hidden_size`` with a position-wise MLP; ``moe_lstm``: an LSTM
+    followed by mixture-of-experts layers (see ``[moe]``). World models learn an
     environment from the rollouts each node collects (see ``[env]``): ``mdn_rnn`` (Ha and Schmidhuber 2018) and
     ``actions_wm`` (conditions only on the first observation and the actions, Ma et al. 2024).
     """
 
-    kind: Literal["lstm", "gru", "fast_slow", "lru", "hgrn2", "mingru", "mdn_rnn", "actions_wm"] = "lstm"
+    kind: Literal["lstm", "gru", "fast_slow", "lru", "hgrn2", "mingru", "moe_lstm", "mdn_rnn", "actions_wm"] = "lstm"
     embed_dim: int = Field(64, ge=1, le=8192)
     hidden_size: int = Field(256, ge=1, le=16384)
     num_layers: int = Field(2, ge=1, le=16)
@@ -398,36 +398,6 @@ class CoordinatorConfig(_Section):
     data_plane_auth: bool = True
 
 
-class VerificationConfig(_Section):
-    """The coordinator checks sampled contributions (docs/design/verification.md): a node keeps the evidence of its
-    last rounds (the round's global parameters, its contribution, its signed commitment) and uploads a round's when
-    asked; the coordinator scores it by the loss it lowers on the node's own work units and on a random unit, keeps
-    each node's reputation, and revokes a node that keeps failing."""
-
-    #: off by default: a check costs the node an upload of its round's evidence (8 bytes a parameter, about what the
-    #: all-reduce sends in a round; at sample_rate 0.5 half a round's worth a round), and shifts too small for the loss
-    #: to show ("a little is enough") need a replay of the round, not built yet. Turn it on for a swarm of strangers:
-    #: bench/verify.py (docs/results/verify.md) measures what it catches and costs
-    enabled: bool = False
-    #: the chance that a node's latest round is checked when it offers it (about once a round: rounds are longer
-    #: than a heartbeat). Each check costs the node an upload of 8 bytes a parameter and the coordinator four forward
-    #: passes over ``score_windows`` windows
-    sample_rate: float = Field(0.5, gt=0.0, le=1.0)
-    #: a node's first checks are made on every round it offers, whatever sample_rate says: a node that attacks from
-    #: its first round is caught within a few rounds (at 0.5, a node went unchecked for 4 of its first rounds in 1 of
-    #: 16 runs), and an honest one then uploads at sample_rate
-    probation_checks: int = Field(3, ge=0, le=1000)
-    #: windows of seq_len bytes, spread evenly over the units, each loss is measured on
-    score_windows: int = Field(32, ge=1, le=4096)
-    #: the outer step along the contribution that is scored: params - score_step x contribution. 1 is the node's
-    #: own local model; a shorter step keeps an honest update's gain positive where the full step overshoots
-    score_step: float = Field(0.5, gt=0.0, le=10.0)
-    #: the least fraction of the own units' loss a contribution must remove. An honest update's gain shrinks with
-    #: the lr and as the model learns (bench/verify.py: 7% in a run's first rounds, 0.06% in its last with the lr
-    #: decayed), so the bar is "measurably above nothing": zeros, noise, a sign flip or an overshoot remove nothing
-    min_gain: float = Field(1e-6, ge=0.0, le=0.5)
-
-
 class WarmStartConfig(_Section):
     """Start a new run from an old run's checkpoint, with shrink and perturb (Ash and Adams 2020): every
     parameter becomes ``shrink * theta + perturb * epsilon``, epsilon from the model's initializer. shrink 1 and
@@ -450,6 +420,7 @@ class RunConfig(ConfigFile, _Section):
     coordinator: CoordinatorConfig = CoordinatorConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
     verification: VerificationConfig = VerificationConfig()
+    moe: MoEConfig = MoEConfig()
     #: torch device for training: "cpu", "cuda", "cuda:1", or "auto" (cuda when present)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
     #: the training step's arithmetic. "fp32"; "bf16" or "fp16": the forward pass under torch.autocast on CUDA

@@ -12,7 +12,12 @@ import tomllib
 from pathlib import Path
 from typing import Any, Self
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class Section(BaseModel):
+    """A section of the run config: unknown fields refused, frozen, defaults validated too."""
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 class ConfigError(ValueError):

@@ -55,6 +55,12 @@ def _construct(cfg, byte_counts) -> nn.Module:
     if m.kind == "fast_slow":
         model = FastSlowLM(m.embed_dim, m.fast_size, m.slow_size, m.fast_cells, m.zoneout_cell, m.zoneout_hidden,
                            m.dropout)
+    elif m.kind == "moe_lstm":
+        from cotrain.models.moe_lm import MixtureLM
+
+        e = cfg.moe
+        model = MixtureLM(m.embed_dim, m.hidden_size, m.num_layers, m.dropout, e.grid, e.expert_hidden, e.k, e.k_min,
+                          e.chunk, e.layers)
     elif m.kind in ("lru", "hgrn2", "mingru"):
         model = LinearRecurrentLM(m.kind, m.embed_dim, m.hidden_size, m.num_layers, m.dropout, m.state_size,
                                   m.expand_ratio, m.mlp_ratio)

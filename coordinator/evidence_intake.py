@@ -33,7 +33,8 @@ def heartbeat_verification(validator: Validator, who: Candidate | None, request:
         return
     refused = validator.take_commitments(who, request.commitments) if request.commitments else ""
     if request.parts_seen:
-        parts = [PartSeen(p.round, p.member, p.start, p.end, p.digest) for p in request.parts_seen]
+        parts = [PartSeen(p.round, p.member, p.start, p.end, p.digest, p.signature, p.contribution)
+                 for p in request.parts_seen]
         refused = "; ".join(filter(None, [refused, validator.take_parts_seen(who, parts)]))
     if refused:
         refusals.note(f"node {who.node_id[:8]}: verification refused: {refused[:500]}")

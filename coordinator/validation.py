@@ -11,10 +11,9 @@ thread then checks it, in order:
 2. its commitment is the node's, signed by the record key its credential names, and covers the contribution's very
    bytes (:func:`~cotrain.verification.commitment.verify_commitment`, ``matches``);
 3. the contribution is what the node's group took in: every part its reducers reported on their heartbeats
-   (:meth:`Validator.take_parts_seen`) has the digest of the same slice of the evidence
-   (:func:`~cotrain.verification.witness.contradicting`); a contradiction counts once two distinct reducers have made
-   one (``binding_counts``), before that it is inconclusive. The check waits :attr:`Validator.witness_wait_s` after
-   the evidence came, for those heartbeats;
+   (:meth:`Validator.take_parts_seen`) and the node signed (a reducer cannot forge that) is of the contribution it
+   shows, and has the digest of the same slice (:func:`~cotrain.verification.witness.binding`). The check waits
+   :attr:`Validator.witness_wait_s` after the evidence came, for those heartbeats;
 4. the bytes the node says it read lie in work units it was given;
 5. the contribution lowers the loss on those bytes, and does not raise a random unit's by much
    (:func:`~cotrain.verification.score.loss_score`, with the round's global parameters from the evidence).
@@ -48,8 +47,7 @@ from cotrain.verification import score as scoring
 from cotrain.verification.commitment import decode_commitment, matches, verify_commitment
 from cotrain.verification.evidence import EvidenceError, decode_evidence, merged
 from cotrain.verification.reputation import Book, weight_multiplier
-from cotrain.verification.witness import (MAX_PARTS_SEEN, PartSeen, binding_counts, check_part_seen,
-                                          contradicting)
+from cotrain.verification.witness import MAX_PARTS_SEEN, PartSeen, binding, check_part_seen, part_signed
 
 logger = logging.getLogger(__name__)
 
@@ -213,8 +211,6 @@ class Validator(threading.Thread):
         self._committed: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         #: (member peer, round) -> {(reducer node, start): its report}, oldest first (bounded)
         self._parts: OrderedDict[tuple[str, int], dict[tuple[str, int], PartSeen]] = OrderedDict()
-        #: node -> the reducers that contradicted its evidence, each with the latest round it did
-        self._contradicted: dict[str, OrderedDict[str, int]] = {}
         #: the digest of an all-zero contribution: repeated by any node that took no step, and the loss score's to judge
         self._zeros = hashlib.sha256(bytes(4 * self.scorer.numel)).digest()
 
@@ -305,7 +301,9 @@ class Validator(threading.Thread):
             if self._requested.get(who.node_id) == round_number:
                 del self._requested[who.node_id]
         try:
-            self._queue.put_nowait((who, round_number, data, time.monotonic()))
+            # the node's units as they are now: checked after the reducers' reports came, the node may have left and
+            # its units gone back to the pool
+            self._queue.put_nowait((who, round_number, data, time.monotonic(), self.own_units(who.node_id)))
         except queue.Full:
             with self._lock:
                 self.refused += 1
@@ -344,14 +342,14 @@ class Validator(threading.Thread):
     def run(self) -> None:
         while not self._halt.is_set():
             try:
-                who, round_number, data, came = self._queue.get(timeout=0.5)
+                who, round_number, data, came, units = self._queue.get(timeout=0.5)
             except queue.Empty:
                 continue
             if self._halt.wait(max(0.0, came + self.witness_wait_s - time.monotonic())):  # the reducers' reports
                 break
             started = time.thread_time()
             try:
-                check = self.check(who, round_number, data)
+                check = self.check(who, round_number, data, units)
             except Exception as e:  # noqa: BLE001 - a bug in scoring must not stop the coordinator
                 logger.exception("validator: checking round %d of node %s failed", round_number, who.node_id[:8])
                 check = Check(who.node_id, round_number, True, "", f"not checked: {type(e).__name__}", 0.0)
@@ -362,8 +360,10 @@ class Validator(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
 
-    def check(self, who: Candidate, round_number: int, data: bytes) -> Check:
-        """The verdict on ``who``'s evidence of ``round_number`` (hostile bytes)."""
+    def check(self, who: Candidate, round_number: int, data: bytes,
+              units: Optional[list[list[tuple[int, int]]]] = None) -> Check:
+        """The verdict on ``who``'s evidence of ``round_number`` (hostile bytes); ``units``: the node's units when the
+        evidence came (None: ``own_units`` now)."""
         def failed(what: str, reason: str) -> Check:
             return Check(who.node_id, round_number, False, what, reason, 1.0)
 
@@ -380,10 +380,12 @@ class Validator(threading.Thread):
         revealed = matches(signed.commitment, ev.contribution_bytes)
         if not revealed.ok:
             return failed("commitment", revealed.reason)
-        contradicted = contradicting(ev.contribution, self.parts_seen(who.peer_id, round_number))
-        if contradicted:
-            return self._binding_failed(who, round_number, contradicted)
-        units = self.own_units(who.node_id)
+        signed = [(reducer, part) for reducer, part in self.parts_seen(who.peer_id, round_number)
+                  if part_signed(who.record_key, self.run_id, part)]  # a report not signed by the node is no proof
+        other_than_sent = binding(ev.contribution, signed)
+        if other_than_sent:
+            return failed(BOUND, f"{other_than_sent}: the group got another contribution than the evidence")
+        units = self.own_units(who.node_id) if units is None else units
         given = merged([r for u in units for r in u])
         outside = next(((a, b) for a, b in ev.reads if not any(c <= a and b <= d for c, d in given)), None)
         if outside is not None:
@@ -398,23 +400,6 @@ class Validator(threading.Thread):
         except ValueError as e:  # the global parameters in the evidence give no finite loss
             return failed(scoring.MALFORMED, f"evidence.params: {e}")
         return Check(who.node_id, round_number, result.passed, result.failed, result.reason, check_weight(result))
-
-    def _binding_failed(self, who: Candidate, round_number: int, contradicted: list[tuple[str, str]]) -> Check:
-        """The verdict on evidence that reducers contradicted: a failure that counts once distinct reducers enough
-        have (one lying reducer must not frame a member), until then an inconclusive one."""
-        with self._lock:
-            by = self._contradicted.setdefault(who.node_id, OrderedDict())
-            for reducer, _ in contradicted:
-                by[reducer] = round_number
-                by.move_to_end(reducer)
-            while len(by) > MAX_PARTS_SEEN:
-                by.popitem(last=False)
-            counts = binding_counts(set(by))
-        words = f"{contradicted[0][1]}: the group got another contribution than the evidence"
-        if counts:
-            return Check(who.node_id, round_number, False, BOUND, words, 1.0)
-        return Check(who.node_id, round_number, False, BOUND, f"{words} (one reducer's word: it counts once another "
-                     "reducer says so too)", 0.0)
 
     def record(self, who: Candidate, check: Check) -> None:
         now = self.now()

@@ -5,7 +5,9 @@ import torch
 
 from cotrain.averaging import AllReduceFailed, butterfly_allreduce
 from cotrain.compression import Int4Blockwise, Int8Blockwise, NoCompression
-from cotrain.verification.witness import part_digest
+from hivemind.utils.crypto import RSAPrivateKey
+
+from cotrain.verification.witness import PartSigning, part_digest, part_signed
 from tiny_swarm import exchanges, run_peers
 
 pytestmark = pytest.mark.swarm
@@ -19,7 +21,7 @@ def peers(tmp_path_factory):
 
 
 def run_all(exchanges, tag, vectors, weights, codec, timeout, skip=(), reducers=None, min_part_values=0,
-            witness=False):
+            signing=None):
     group = sorted((e.peer_id for e in exchanges), key=str)
     results = [None] * len(exchanges)
 
@@ -27,7 +29,7 @@ def run_all(exchanges, tag, vectors, weights, codec, timeout, skip=(), reducers=
         try:
             results[i] = butterfly_allreduce(exchanges[i], tag, group, exchanges[i].peer_id, vectors[i], weights[i],
                                              codec, timeout, reducers=reducers, min_part_values=min_part_values,
-                                             witness=witness)
+                                             signing=signing and signing[i])
         except AllReduceFailed as e:
             results[i] = e
 
@@ -50,21 +52,46 @@ def test_every_peer_gets_the_same_weighted_mean(peers):
         assert torch.allclose(r.average, expected, atol=1e-5)
 
 
-def test_each_reducer_witnesses_the_very_values_each_member_says_it_sent(peers):
+def signings(peers, round_number, impostor=None):
+    """Each peer's signing of a round's parts; ``impostor``: the index of a peer that signs with a key other than
+    the one its credential names."""
+    names = [str(e.peer_id) for e in peers]
+    keys = {name: RSAPrivateKey() for name in names}
+    public = {name: key.get_public_key().to_bytes() for name, key in keys.items()}
+    return [PartSigning("run", round_number, name, RSAPrivateKey() if i == impostor else keys[name], public.get)
+            for i, name in enumerate(names)], public
+
+
+def test_each_reducer_witnesses_the_very_values_each_member_signed_and_sent(peers):
     torch.manual_seed(2)
     vectors = [torch.randn(20_000) for _ in peers]
-    results = run_all(peers, "t-witness", vectors, [1.0, 1.0, 1.0], Int8Blockwise(256), timeout=20, witness=True)
+    signing, public = signings(peers, 7)
+    results = run_all(peers, "t-witness", vectors, [1.0, 1.0, 1.0], Int8Blockwise(256), timeout=20, signing=signing)
     names = [str(e.peer_id) for e in peers]
     for reducer, r in zip(names, results):
-        assert {member for member, *_ in r.seen} == set(names) - {reducer}  # every groupmate's part, not its own
-        for member, start, end, digest in r.seen:
-            assert digest == part_digest(results[names.index(member)].sent[start:end])
+        assert r.complete and r.dropped == {}
+        assert {part.member for part in r.seen} == set(names) - {reducer}  # every groupmate's part, not its own
+        for part in r.seen:
+            sent = results[names.index(part.member)].sent
+            assert part.digest == part_digest(sent[part.start:part.end]) and part.contribution == part_digest(sent)
+            assert part.round == 7 and part_signed(public[part.member], "run", part)
     for i, member in enumerate(names):  # the others witnessed the whole contribution but the part it reduced itself
-        (own,) = {(a, b) for _, a, b, _ in results[i].seen}
-        covered = [(a, b) for r in results for m, a, b, _ in r.seen if m == member]
+        (own,) = {(p.start, p.end) for p in results[i].seen}
+        covered = [(p.start, p.end) for r in results for p in r.seen if p.member == member]
         assert own not in covered and sum(b - a for a, b in covered) + own[1] - own[0] == 20_000
     untouched = run_all(peers, "t-no-witness", vectors, [1.0, 1.0, 1.0], Int8Blockwise(256), timeout=20)
     assert all(r.seen == [] for r in untouched)  # off unless asked
+
+
+def test_a_part_not_signed_by_its_members_record_key_is_left_out(peers):
+    torch.manual_seed(3)
+    vectors = [torch.randn(20_000) for _ in peers]
+    signing, _ = signings(peers, 8, impostor=2)
+    results = run_all(peers, "t-impostor", vectors, [1.0, 1.0, 1.0], Int8Blockwise(256), timeout=20, signing=signing)
+    impostor = str(peers[2].peer_id)
+    for r in results[:2]:  # the honest reducers left its parts out, and say why
+        assert impostor in r.dropped and not r.complete
+        assert all(part.member != impostor for part in r.seen)
 
 
 @pytest.mark.parametrize("codec, bytes_per_value, max_error", [(Int8Blockwise(256), 1.0, 0.1),

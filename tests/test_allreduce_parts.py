@@ -10,7 +10,9 @@ from cotrain.averaging.work import credited_weights
 from cotrain.averaging.allreduce import (AllReduceFailed, choose_reducers, contribution_piece, hosted, hosted_average,
                                          hosted_reduce, part_bounds, weighted_mean)
 from cotrain.compression import Int8Blockwise, NoCompression
-from cotrain.verification.witness import part_digest
+from hivemind.utils.crypto import RSAPrivateKey
+
+from cotrain.verification.witness import PartSigning, part_digest
 
 
 def test_without_a_minimum_every_dialable_peer_reduces():
@@ -110,13 +112,22 @@ def test_a_members_reputation_scales_what_its_work_is_credited_with():
     assert torch.allclose(average, weighted_mean(list(vectors.values()), list(credits.values())), atol=1e-6)
 
 
-def test_the_host_witnesses_each_contribution_as_its_member_decodes_it():
+def test_the_host_witnesses_each_signed_contribution_as_its_member_decodes_it():
     torch.manual_seed(3)
     codec = Int8Blockwise(64)
+    keys = {peer: RSAPrivateKey() for peer in "abcd"}
+    public = {peer: key.get_public_key().to_bytes() for peer, key in keys.items()}
     pieces, decoded = {}, {}
     for peer in "abc":
-        pieces[peer], decoded[peer] = contribution_piece(torch.randn(500), 1.0, codec)
-    pieces["d"] = b"\x00" * 3  # malformed: left out, and not witnessed
-    digests = {}
-    hosted_reduce(pieces, 500, codec, weighted_mean, {}, digests=digests)
-    assert digests == {peer: part_digest(decoded[peer]) for peer in "abc"}
+        pieces[peer], decoded[peer] = contribution_piece(torch.randn(500), 1.0, codec,
+                                                         PartSigning("run", 4, peer, keys[peer], public.get))
+    pieces["d"] = contribution_piece(torch.randn(500), 1.0, codec,  # signed with a key its credential does not name
+                                     PartSigning("run", 4, "d", RSAPrivateKey(), public.get))[0]
+    pieces["e"] = b"\x00" * 3  # malformed
+    took, dropped = [], {}
+    host = PartSigning("run", 4, "a", keys["a"], public.get)
+    hosted_reduce(pieces, 500, codec, weighted_mean, dropped, signing=host, took=took)
+    assert {part.member: part.digest for part in took} == {p: part_digest(decoded[p]) for p in "abc"}
+    assert all(part.contribution == part.digest for part in took)  # the whole contribution is the host's one part
+    assert set(dropped) == {"d", "e"}
+    assert all((part.start, part.end, part.round) == (0, 500, 4) for part in took)

@@ -15,7 +15,7 @@ from cotrain.coordinator.workunits import plan_ranges
 from cotrain.data import Corpus
 from cotrain.models import build_model
 from cotrain.verification.evidence import EvidenceKeeper
-from cotrain.verification.witness import MAX_PARTS_SEEN, PartSeen, part_digest
+from cotrain.verification.witness import MAX_PARTS_SEEN, PartSeen, part_digest, part_statement
 
 from tiny_swarm import tiny_config
 
@@ -222,51 +222,87 @@ def reducer(key_of_reducer, node_id="node-r", peer="QmReducerPeer000000000000000
     return Candidate(node_id, "swarm", peer, key_of_reducer.get_public_key().to_bytes())
 
 
+def signed_part(key, round_number, start, end, whole, member=PEER):
+    """A report of the part [start, end) of ``whole`` that ``member`` (whose record key is ``key``) signed and
+    sent."""
+    digest, contribution = part_digest(whole[start:end]), part_digest(whole)
+    return PartSeen(round_number, member, start, end, digest,
+                    key.sign(part_statement(RUN, round_number, member, start, end, digest, contribution)), contribution)
+
+
 def test_evidence_that_matches_what_the_reducers_took_in_passes(setting, key):
     honest, v = setting[4], validator(setting)
     half = honest.numel() // 2
     for node, (a, b) in (("node-r", (0, half)), ("node-s", (half, honest.numel()))):
         refused = v.take_parts_seen(reducer(RSAPrivateKey(), node, f"Qm{node}"),
-                                    [PartSeen(3, PEER, a, b, part_digest(honest[a:b]))])
+                                    [signed_part(key, 3, a, b, honest)])
         assert refused == ""
     check = v.check(who(key), 3, evidence(key, setting, honest))
     assert check.passed, check.reason
 
 
-def test_a_node_that_showed_its_group_another_contribution_fails_once_two_reducers_say_so(setting, key):
+def test_a_node_that_signed_and_sent_its_group_another_contribution_fails(setting, key):
     honest, v = setting[4], validator(setting)
-    sent = -10 * honest  # what the group took in; the evidence shows the honest one
-    v.take_parts_seen(reducer(RSAPrivateKey()), [PartSeen(3, PEER, 0, honest.numel(), part_digest(sent))])
+    sent = -10 * honest  # what the group took in, signed by the node; its evidence shows the honest one
+    v.take_parts_seen(reducer(RSAPrivateKey()), [signed_part(key, 3, 0, honest.numel(), sent)])
     check = v.check(who(key), 3, evidence(key, setting, honest))
-    # one reducer's word alone could frame an honest node: inconclusive
-    assert not check.passed and check.failed == BOUND and check.weight == 0.0
-    # the same reducer again: still one word
-    v.take_parts_seen(reducer(RSAPrivateKey()), [PartSeen(4, PEER, 0, honest.numel(), part_digest(sent))])
-    assert v.check(who(key), 4, evidence(key, setting, honest, round_number=4)).weight == 0.0
-    # another reducer, in a later round: it counts
-    v.take_parts_seen(reducer(RSAPrivateKey(), "node-s", "QmOther"),
-                      [PartSeen(5, PEER, 0, honest.numel(), part_digest(sent))])
-    check = v.check(who(key), 5, evidence(key, setting, honest, round_number=5))
     assert not check.passed and check.failed == BOUND and check.weight == 1.0
+
+
+def test_a_part_that_differs_from_the_contribution_it_names_fails(setting, key):
+    honest, v = setting[4], validator(setting)
+    half = honest.numel() // 2
+    mixed = honest.clone()
+    mixed[half:] *= -10  # signed as a part of the honest contribution, but other values
+    digest, whole = part_digest(mixed[half:]), part_digest(honest)
+    lie = PartSeen(3, PEER, half, honest.numel(), digest,
+                   key.sign(part_statement(RUN, 3, PEER, half, honest.numel(), digest, whole)), whole)
+    v.take_parts_seen(reducer(RSAPrivateKey()), [signed_part(key, 3, 0, half, honest), lie])
+    check = v.check(who(key), 3, evidence(key, setting, honest))
+    assert not check.passed and check.failed == BOUND
+
+
+def test_a_failed_try_of_the_round_is_no_contradiction_beside_the_try_that_went_through(setting, key):
+    honest, v = setting[4], validator(setting)
+    earlier = 0.9 * honest  # the round's first try, with fewer steps; its group failed, the node tried again
+    v.take_parts_seen(reducer(RSAPrivateKey(), "node-r", "QmR"), [signed_part(key, 3, 0, honest.numel(), earlier)])
+    v.take_parts_seen(reducer(RSAPrivateKey(), "node-s", "QmS"), [signed_part(key, 3, 0, honest.numel(), honest)])
+    check = v.check(who(key), 3, evidence(key, setting, honest))
+    assert check.passed, check.reason
     # a report of another round binds nothing of this one
     other = validator(setting)
-    other.take_parts_seen(reducer(RSAPrivateKey()), [PartSeen(4, PEER, 0, honest.numel(), part_digest(sent))])
+    other.take_parts_seen(reducer(RSAPrivateKey()), [signed_part(key, 4, 0, honest.numel(), -10 * honest)])
     assert other.check(who(key), 3, evidence(key, setting, honest)).passed
+
+
+def test_a_reducer_cannot_frame_a_node_with_a_report_it_did_not_sign(setting, key):
+    honest, v = setting[4], validator(setting)
+    liar = RSAPrivateKey()
+    forged = signed_part(liar, 3, 0, honest.numel(), -honest)  # signed with the reducer's own key, not the node's
+    assert v.take_parts_seen(reducer(liar), [forged]) == ""  # well formed: taken, and checked against the node's key
+    check = v.check(who(key), 3, evidence(key, setting, honest))
+    assert check.passed, check.reason
 
 
 def test_a_report_of_ones_own_contribution_is_no_witness(setting, key):
     honest, v = setting[4], validator(setting)
-    v.take_parts_seen(who(key), [PartSeen(3, PEER, 0, honest.numel(), part_digest(-honest))])
+    v.take_parts_seen(who(key), [signed_part(key, 3, 0, honest.numel(), -honest)])
     assert v.parts_seen(PEER, 3) == []
 
 
+SIG, D = bytes(344), bytes(32)
+
+
 @pytest.mark.parametrize("part, field", [
-    (PartSeen(0, PEER, 0, 10, bytes(32)), "parts_seen.round"),
-    (PartSeen(3, "", 0, 10, bytes(32)), "parts_seen.member"),
-    (PartSeen(3, "Q" * 500, 0, 10, bytes(32)), "parts_seen.member"),
-    (PartSeen(3, PEER, 10, 10, bytes(32)), "parts_seen.start, end"),
-    (PartSeen(3, PEER, 0, 2 ** 50, bytes(32)), "parts_seen.start, end"),
-    (PartSeen(3, PEER, 0, 10, bytes(31)), "parts_seen.digest"),
+    (PartSeen(0, PEER, 0, 10, bytes(32), SIG, D), "parts_seen.round"),
+    (PartSeen(3, "", 0, 10, bytes(32), SIG, D), "parts_seen.member"),
+    (PartSeen(3, "Q" * 500, 0, 10, bytes(32), SIG, D), "parts_seen.member"),
+    (PartSeen(3, PEER, 10, 10, bytes(32), SIG, D), "parts_seen.start, end"),
+    (PartSeen(3, PEER, 0, 2 ** 50, bytes(32), SIG, D), "parts_seen.start, end"),
+    (PartSeen(3, PEER, 0, 10, bytes(31), SIG, D), "parts_seen.digest"),
+    (PartSeen(3, PEER, 0, 10, bytes(32), b"", D), "parts_seen.signature"),
+    (PartSeen(3, PEER, 0, 10, bytes(32), bytes(5000), D), "parts_seen.signature"),
+    (PartSeen(3, PEER, 0, 10, bytes(32), SIG, bytes(3)), "parts_seen.contribution"),
 ])
 def test_malformed_reports_are_refused_naming_the_field(setting, part, field):
     v = validator(setting)
@@ -276,6 +312,6 @@ def test_malformed_reports_are_refused_naming_the_field(setting, part, field):
 
 def test_a_heartbeat_carries_a_bounded_number_of_reports(setting):
     v = validator(setting)
-    parts = [PartSeen(3, f"QmMember{i}", 0, 10, bytes(32)) for i in range(MAX_PARTS_SEEN + 5)]
+    parts = [PartSeen(3, f"QmMember{i}", 0, 10, bytes(32), SIG, D) for i in range(MAX_PARTS_SEEN + 5)]
     assert "at most" in v.take_parts_seen(reducer(RSAPrivateKey()), parts)
     assert sum(len(v.parts_seen(f"QmMember{i}", 3)) for i in range(MAX_PARTS_SEEN + 5)) == MAX_PARTS_SEEN

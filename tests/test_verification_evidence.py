@@ -11,8 +11,8 @@ from hivemind.utils.crypto import RSAPrivateKey
 from cotrain.verification.commitment import matches, verify_commitment
 from cotrain.verification.evidence import (KEEP_ROUNDS, MAGIC, Evidence, EvidenceError, EvidenceKeeper,
                                            decode_evidence, encode_evidence, evidence_bytes)
-from cotrain.verification.witness import (MAX_PARTS_SEEN, PartSeen, binding_counts, contradicting,
-                                          part_digest)
+from cotrain.verification.witness import (MAX_PARTS_SEEN, PartSeen, PartSigning, binding, pack_signed,
+                                          part_digest, part_signed, unpack_signed)
 
 RUN, PEER = "run-1-0123abcd", "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 PARAMS = [torch.randn(3, 4), torch.randn(5)]
@@ -113,31 +113,57 @@ def test_a_huge_length_field_is_refused_before_reading(keeper):
         decode_evidence(bytes(data), NUMEL)
 
 
+def seen(round_number, member):
+    return PartSeen(round_number, member, 0, 8, bytes(32), b"sig", bytes(32))
+
+
 def test_the_parts_a_node_reduced_go_with_its_heartbeats_for_its_last_two_rounds_newest_first(key):
     k = EvidenceKeeper(key, RUN, PEER)
     for r in range(1, 5):
-        k.keep(r, f"hash{r}", PARAMS, torch.zeros(NUMEL),
-               seen=[(f"Qm{r}a", 0, 8, bytes(32)), (f"Qm{r}b", 0, 8, bytes(32))])
+        k.keep(r, f"hash{r}", PARAMS, torch.zeros(NUMEL), seen=[seen(r, f"Qm{r}a"), seen(r, f"Qm{r}b")])
     k.keep(5, "hash5", PARAMS, torch.zeros(NUMEL))  # a round it reduced nothing in
     assert [(p.round, p.member) for p in k.parts_seen()] == [(4, "Qm4a"), (4, "Qm4b"), (3, "Qm3a"), (3, "Qm3b")]
     many = EvidenceKeeper(key, RUN, PEER)
-    many.keep(1, "h", PARAMS, torch.zeros(NUMEL), seen=[(f"Qm{i}", 0, 8, bytes(32)) for i in range(MAX_PARTS_SEEN * 2)])
+    many.keep(1, "h", PARAMS, torch.zeros(NUMEL), seen=[seen(1, f"Qm{i}") for i in range(MAX_PARTS_SEEN * 2)])
     assert len(many.parts_seen()) == MAX_PARTS_SEEN
 
 
-def test_a_contribution_is_bound_when_every_reported_part_is_its_own():
+def test_a_part_is_the_members_word_only_with_its_record_keys_signature(key):
+    values = torch.randn(10)
+    whole = part_digest(torch.randn(20))
+    signing = PartSigning(RUN, 3, PEER, key, {PEER: key.get_public_key().to_bytes()}.get)
+    part = PartSeen(3, PEER, 2, 12, part_digest(values), signing.sign(2, 12, values, whole), whole)
+    public = key.get_public_key().to_bytes()
+    assert part_signed(public, RUN, part) and signing.valid(part)
+    assert not part_signed(public, "other-run", part)
+    assert not part_signed(public, RUN, part._replace(end=11))
+    assert not part_signed(public, RUN, part._replace(digest=part_digest(values + 1)))
+    assert not part_signed(public, RUN, part._replace(contribution=bytes(32)))
+    assert not part_signed(RSAPrivateKey().get_public_key().to_bytes(), RUN, part)
+    assert not part_signed(b"garbage", RUN, part) and not part_signed(None, RUN, part)
+    assert unpack_signed(pack_signed(whole, part.signature, b"values")) == (whole, part.signature, b"values")
+    with pytest.raises(ValueError, match="signature"):
+        unpack_signed(bytes(32) + b"\x05\x00ab")
+
+
+def reports(whole, cuts, contribution=None):
+    contribution = part_digest(whole) if contribution is None else contribution
+    return [(f"node-{i}", PartSeen(3, PEER, a, b, part_digest(whole[a:b]), b"s", contribution))
+            for i, (a, b) in enumerate(cuts)]
+
+
+def test_the_evidence_is_bound_when_the_reports_of_its_contribution_match_it():
     values = torch.randn(100)
-    reports = [("node-r", PartSeen(3, PEER, 0, 50, part_digest(values[:50]))),
-               ("node-s", PartSeen(3, PEER, 50, 100, part_digest(values[50:])))]
-    assert contradicting(values, reports) == []
-    assert contradicting(values, []) == []  # nothing reported: nothing to bind to
+    assert binding(values, reports(values, [(0, 50), (50, 100)])) == ""
+    assert binding(values, []) == ""  # nothing reported: nothing to bind to
     other = values.clone()
-    other[70] += 1e-3  # one value in the second part
-    assert [reducer for reducer, _ in contradicting(other, reports)] == ["node-s"]
-    assert [reducer for reducer, _ in contradicting(values[:40], reports)] == ["node-r", "node-s"]
+    other[70] += 1e-3  # signed as a part of `values`, but with another value
+    mixed = reports(values, [(0, 50)]) + reports(other, [(50, 100)], contribution=part_digest(values))
+    assert "[50, 100)" in binding(values, mixed)
+    assert "[0, 50)" in binding(values[:40], reports(values[:40], [(0, 50)], contribution=part_digest(values[:40])))
 
 
-@pytest.mark.parametrize("reducers, counts", [(set(), False), ({"node-r"}, False), ({"node-r", "node-s"}, True),
-                                              ({"a", "b", "c"}, True)])
-def test_a_contradiction_counts_once_two_distinct_reducers_made_one(reducers, counts):
-    assert binding_counts(reducers) == counts
+def test_reports_of_only_another_contribution_unbind_it_and_an_earlier_try_beside_this_one_does_not():
+    values, earlier = torch.randn(100), torch.randn(100)
+    assert "another contribution" in binding(values, reports(earlier, [(0, 100)]))
+    assert binding(values, reports(earlier, [(0, 100)]) + reports(values, [(0, 50)])) == ""

@@ -152,7 +152,9 @@ class CoordinatorClient:
         request = pb.HeartbeatRequest(node_id=self.node_id, session=self.session, metrics=metrics,
                                       evidence_round=evidence_round, commitments=list(commitments),
                                       parts_seen=[pb.PartSeen(round=p.round, member=p.member, start=p.start,
-                                                              end=p.end, digest=p.digest) for p in parts_seen])
+                                                              end=p.end, digest=p.digest, signature=p.signature,
+                                                              contribution=p.contribution)
+                                                  for p in parts_seen])
         with self._lock:
             if self._heartbeats is None:
                 self._heartbeats = HeartbeatStream(self.stub)

@@ -210,7 +210,7 @@ class Admission:
         self._lock = threading.Lock()
         self._cache: dict[bytes, pb.Credential] = {}
         #: peer id -> (issued_unix, reputation) of the newest valid credential it presented
-        self._reputations: dict[str, tuple[float, float]] = {}
+        self._reputations: dict[str, tuple[float, float, bytes]] = {}  # peer -> (issued, reputation, record key)
         self.revoked: frozenset = frozenset()
         self.revocations_version = -1
         self.refused = 0
@@ -278,7 +278,7 @@ class Admission:
             if known is None or cred.issued_unix >= known[0]:  # an older credential does not undo a newer one
                 if known is None and len(self._reputations) >= self.CACHE_SIZE:
                     self._reputations.clear()
-                self._reputations[peer_id] = (cred.issued_unix, value)
+                self._reputations[peer_id] = (cred.issued_unix, value, bytes(cred.record_public_key))
 
     def reputation(self, peer_id: str) -> float:
         """The weight verification gives ``peer_id``, from the newest credential it presented (1: none seen, or
@@ -286,6 +286,13 @@ class Admission:
         with self._lock:
             known = self._reputations.get(peer_id)
         return 1.0 if known is None else known[1]
+
+    def record_key(self, peer_id: str) -> Optional[bytes]:
+        """The record key the newest credential ``peer_id`` presented names (None: none checked, e.g. with the
+        data-plane checks off): what its signed parts are checked with (verification)."""
+        with self._lock:
+            known = self._reputations.get(peer_id)
+        return known[2] if known is not None and known[2] else None
 
     def check(self, credential: bytes, peer_id: str, what: str,
               record_public_key: Optional[bytes] = None) -> Verdict:

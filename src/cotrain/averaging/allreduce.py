@@ -31,7 +31,8 @@ import torch
 from cotrain.averaging.exchange import UNARY_MAX_BYTES, Exchange
 from cotrain.averaging.work import credited_weights
 from cotrain.compression import Codec
-from cotrain.verification.witness import part_digest
+from cotrain.verification.witness import (DIGEST_BYTES, MAX_SIGNATURE_BYTES, PartSeen, PartSigning, pack_signed,
+                                          part_digest, unpack_signed)
 
 Aggregator = Callable[[list[torch.Tensor], list[float]], torch.Tensor]
 
@@ -101,8 +102,8 @@ class AllReduceResult:
     seconds: float = 0.0
     #: peer -> the weight its contribution was credited with (:func:`credited`), the same on every member
     credits: dict[str, float] = field(default_factory=dict)
-    #: what this peer reduced of its groupmates' contributions: (member, start, end, digest of the values it took in)
-    seen: list[tuple[str, int, int, bytes]] = field(default_factory=list)
+    #: what this peer reduced of its groupmates' contributions, each signed by its member (``signing`` on)
+    seen: list[PartSeen] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -113,11 +114,12 @@ class AllReduceResult:
 def butterfly_allreduce(exchange: Exchange, tag: str, group: Sequence, me, vector: torch.Tensor, weight: float,
                         codec: Codec, timeout: float, aggregator: Aggregator = weighted_mean,
                         reducers: Optional[Sequence[bool]] = None, min_part_values: int = 0,
-                        witness: bool = False) -> AllReduceResult:
+                        signing: Optional[PartSigning] = None) -> AllReduceResult:
     """Average ``vector`` (flat float32) with ``group`` (PeerIDs, the same order on every peer, ``me`` among them).
     ``reducers``: which peers others can dial (the same on every peer; None: all). ``min_part_values``: the fewest
-    values a reducer's part may hold (:func:`choose_reducers`; 0: every dialable peer reduces a part). ``witness``:
-    note what this peer reduces of each groupmate's contribution (``AllReduceResult.seen``; verification)."""
+    values a reducer's part may hold (:func:`choose_reducers`; 0: every dialable peer reduces a part). ``signing``
+    (verification): every part sent is signed, a part taken in whose signature does not hold is left out, and what
+    this peer reduced of each groupmate's is noted (``AllReduceResult.seen``)."""
     started = time.monotonic()
     group = list(group)
     names = [str(p) for p in group]
@@ -127,22 +129,24 @@ def butterfly_allreduce(exchange: Exchange, tag: str, group: Sequence, me, vecto
     reducing = [j for j in range(n) if flags[j]]
     vector = vector.detach().float().cpu().reshape(-1)
     sent = torch.empty_like(vector)
-    own_parts = {}
+    encoded = {}
     for j in reducing:
         a, b = bounds[j]
-        encoded = codec.encode(vector[a:b])
-        sent[a:b] = codec.decode(encoded, b - a)
-        own_parts[j] = encoded
+        encoded[j] = codec.encode(vector[a:b])
+        sent[a:b] = codec.decode(encoded[j], b - a)
+    whole = part_digest(sent) if signing is not None else b""  # what every part's signature names it a part of
+    own_parts = {j: _piece(weight, encoded[j], sent, *bounds[j], signing, whole) for j in reducing}
+    for j in reducing:
         if j != mine:  # reducer j reads it
-            exchange.publish(tag, f"{tag}/in/{j}/{names[mine]}", struct.pack("<d", weight) + encoded, readers=1)
+            exchange.publish(tag, f"{tag}/in/{j}/{names[mine]}", own_parts[j], readers=1)
 
     average = torch.empty_like(vector)
     contributors = [n] * n  # a part nobody reduces (an empty one) lacks no contribution
     dropped: dict[str, str] = {}
-    seen: Optional[list] = [] if witness else None
+    seen: list = []
     if mine in reducing:
-        own_result = _reduce_part(exchange, tag, group, names, mine, bounds[mine], weight, own_parts[mine], codec,
-                                  timeout, aggregator, dropped, seen)
+        own_result = _reduce_part(exchange, tag, group, names, mine, bounds[mine], own_parts[mine], codec, timeout,
+                                  aggregator, dropped, signing, seen)
     # gather every reduced part
     requests = [(group[j], f"{tag}/out/{j}") for j in reducing if j != mine]
     largest = max(b - a for a, b in bounds)
@@ -163,23 +167,23 @@ def butterfly_allreduce(exchange: Exchange, tag: str, group: Sequence, me, vecto
             raise AllReduceFailed(f"reduced part {j} from peer {names[j][-8:]} is malformed: {e}") from None
         credits.append(part_credits)
     return AllReduceResult(average, sent, contributors, dropped, time.monotonic() - started,
-                           credits=agreed_credits(names, credits), seen=seen or [])
+                           credits=agreed_credits(names, credits), seen=seen)
 
 
 def _reduce_part(exchange: Exchange, tag: str, group: list, names: list[str], mine: int, bounds: tuple[int, int],
-                 weight: float, own: bytes, codec: Codec, timeout: float, aggregator: Aggregator,
-                 dropped: dict, seen: Optional[list] = None) -> bytes:
-    """Reducer ``mine``: fetch every groupmate's contribution to its part, aggregate, publish the result; -> the
-    result as published (:func:`_pack_result`). Contributions left out are named in ``dropped``; what it took in of
-    each groupmate's goes to ``seen`` (member, start, end, digest) when it is a list."""
+                 own: bytes, codec: Codec, timeout: float, aggregator: Aggregator, dropped: dict,
+                 signing: Optional[PartSigning], seen: list) -> bytes:
+    """Reducer ``mine``: fetch every groupmate's contribution to its part (``own``: this peer's piece,
+    :func:`_piece`), aggregate, publish the result; -> the result as published (:func:`_pack_result`).
+    Contributions left out are named in ``dropped``; with ``signing``, what it took in of each groupmate's goes to
+    ``seen``."""
     a, b = bounds
     others = [(p, f"{tag}/in/{mine}/{name}") for p, name in zip(group, names) if name != names[mine]]
-    fetched = exchange.fetch_many(others, wait_s=timeout, large=_streams(b - a), max_bytes=8 + encoded_bound(b - a))
-    digests: Optional[dict] = None if seen is None else {}
-    result = _aggregate(names, _insert(fetched, mine, struct.pack("<d", weight) + own), b - a, codec, aggregator,
-                        dropped, reputation_of(exchange), digests)
-    if seen is not None:
-        seen.extend((name, a, b, digest) for name, digest in digests.items() if name != names[mine])
+    fetched = exchange.fetch_many(others, wait_s=timeout, large=_streams(b - a), max_bytes=piece_bound(b - a))
+    took: list = []
+    result = _aggregate(names, _insert(fetched, mine, own), (a, b), codec, aggregator, dropped,
+                        reputation_of(exchange), signing, took)
+    seen.extend(part for part in took if part.member != names[mine])
     exchange.publish(tag, f"{tag}/out/{mine}", result, readers=len(group) - 1)  # every groupmate gathers every part
     return result
 
@@ -195,16 +199,33 @@ def reputation_of(exchange) -> Callable[[str], float]:
     return getattr(admission, "reputation", full_reputation)
 
 
-def _aggregate(names: Sequence[str], payloads: Sequence[Optional[bytes]], numel: int, codec: Codec,
+def _piece(weight: float, encoded: bytes, decoded: torch.Tensor, start: int, end: int,
+           signing: Optional[PartSigning], whole: bytes) -> bytes:
+    """What a member sends a reducer of its part [start, end) of ``decoded`` (its whole contribution as reducers
+    decode it, whose digest is ``whole``): its weight, then (with ``signing``) the digest and its signature, then the
+    encoded values."""
+    if signing is not None:
+        encoded = pack_signed(whole, signing.sign(start, end, decoded[start:end], whole), encoded)
+    return struct.pack("<d", weight) + encoded
+
+
+def piece_bound(values: int) -> int:
+    """The most bytes a member's piece of ``values`` values takes (:func:`_piece`)."""
+    return 8 + DIGEST_BYTES + 2 + MAX_SIGNATURE_BYTES + encoded_bound(values)
+
+
+def _aggregate(names: Sequence[str], payloads: Sequence[Optional[bytes]], span: tuple[int, int], codec: Codec,
                aggregator: Aggregator, dropped: dict, reputation: Callable[[str], float] = full_reputation,
-               digests: Optional[dict] = None) -> bytes:
+               signing: Optional[PartSigning] = None, took: Optional[list] = None) -> bytes:
     """Aggregate the contributions (weight, then the encoded values; None: none came) in ``names``' order, each
     weighted by the work it shows times the member's ``reputation`` (verification: what its newest credential
     says). -> the result (:func:`_pack_result`: how many were aggregated, each name's
     credited weight, 0 for those left out, and the encoded aggregate). Those left out are named in ``dropped``, with
-    why; the caller's own is among them and is valid, so at least one is aggregated. ``digests`` (when given) gets
-    each decoded contribution's :func:`~cotrain.verification.witness.part_digest`, by name: what a validator binds
-    the member's evidence to."""
+    why; the caller's own is among them and is valid, so at least one is aggregated. ``span``: where the part lies
+    in the flat contribution. With ``signing`` each payload carries its member's signature of the decoded values,
+    and one whose signature does not hold is left out; ``took`` gets each part taken in (:class:`PartSeen`): what a
+    validator binds the member's evidence to."""
+    numel = span[1] - span[0]
     parts, weights, kept = [], [], []
     for name, payload in zip(names, payloads):
         if payload is None:
@@ -212,12 +233,18 @@ def _aggregate(names: Sequence[str], payloads: Sequence[Optional[bytes]], numel:
             continue
         try:
             (w,) = struct.unpack("<d", payload[:8])
-            part = codec.decode(payload[8:], numel)
+            whole, signature, encoded = unpack_signed(payload[8:]) if signing is not None else (b"", b"", payload[8:])
+            part = codec.decode(encoded, numel)
         except (ValueError, struct.error) as e:
             dropped[name] = f"malformed contribution: {e}"
             continue
-        if digests is not None:
-            digests[name] = part_digest(part)
+        if signing is not None:
+            seen = PartSeen(signing.round, name, *span, part_digest(part), signature, whole)
+            if not signing.valid(seen):
+                dropped[name] = "its part is not signed by its record key"
+                continue
+            if took is not None:
+                took.append(seen)
         if not (np.isfinite(w) and w > 0):
             dropped[name] = f"bad weight {w}"
             continue
@@ -276,23 +303,27 @@ def hosted(numel: int, min_part_values: int) -> bool:
     return min_part_values > 0 and numel // min_part_values <= 1
 
 
-def contribution_piece(vector: torch.Tensor, weight: float, codec: Codec) -> tuple[bytes, torch.Tensor]:
-    """A member's whole contribution to a hosted all-reduce (its weight, then ``vector`` encoded), and the vector
-    as the host will decode it (for error feedback)."""
+def contribution_piece(vector: torch.Tensor, weight: float, codec: Codec,
+                       signing: Optional[PartSigning] = None) -> tuple[bytes, torch.Tensor]:
+    """A member's whole contribution to a hosted all-reduce (:func:`_piece` of all of it), and the vector as the
+    host will decode it (for error feedback)."""
     vector = vector.detach().float().cpu().reshape(-1)
     encoded = codec.encode(vector)
-    return struct.pack("<d", weight) + encoded, codec.decode(encoded, vector.numel())
+    decoded = codec.decode(encoded, vector.numel())
+    whole = part_digest(decoded) if signing is not None else b""
+    return _piece(weight, encoded, decoded, 0, vector.numel(), signing, whole), decoded
 
 
 def hosted_reduce(pieces: dict[str, Optional[bytes]], numel: int, codec: Codec, aggregator: Aggregator,
                   dropped: dict, reputation: Callable[[str], float] = full_reputation,
-                  digests: Optional[dict] = None) -> bytes:
+                  signing: Optional[PartSigning] = None, took: Optional[list] = None) -> bytes:
     """The host's side: aggregate the group's contributions (peer id -> piece from :func:`contribution_piece`, the
     host's own included; None or empty: none came) in id order -> the result every member decodes
-    (:func:`hosted_average`). Those left out are named in ``dropped``; ``digests`` as :func:`_aggregate`'s."""
+    (:func:`hosted_average`). Those left out are named in ``dropped``; ``signing`` and ``took`` as
+    :func:`_aggregate`'s."""
     names = sorted(pieces)
-    return _aggregate(names, [pieces[name] or None for name in names], numel, codec, aggregator, dropped, reputation,
-                      digests)
+    return _aggregate(names, [pieces[name] or None for name in names], (0, numel), codec, aggregator, dropped,
+                      reputation, signing, took)
 
 
 def hosted_average(result: bytes, names: Sequence[str], numel: int,

@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from cotrain.averaging.allgather import sparse_allgather
-from cotrain.averaging.allreduce import (butterfly_allreduce, contribution_piece, encoded_bound, hosted,
+from cotrain.averaging.allreduce import (butterfly_allreduce, contribution_piece, hosted, piece_bound,
                                         hosted_average, hosted_reduce, reputation_of, weighted_mean)
 from cotrain.averaging.attacks import EQUIVOCATE, make_attack
 from cotrain.averaging.exchange import Exchange
@@ -29,6 +29,7 @@ from cotrain.averaging.meeting import MAX_ROSTER_MEMBERS
 from cotrain.averaging.robust import build_aggregator
 from cotrain.compression import NoCompression, PowerSGD, SparseLowBit, make_codec
 from cotrain.config import AveragingConfig, CompressionConfig
+from cotrain.verification.witness import PartSigning
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ class Reduced:
     dropped: dict = field(default_factory=dict)  # member -> why its contribution was left out
     #: this peer's contribution flat, as the group decoded it (None where it is no one vector: PowerSGD)
     sent: Optional[torch.Tensor] = None
-    #: what this peer reduced of its groupmates' contributions (member, start, end, digest; ``witness`` on)
+    #: what this peer reduced of its groupmates' contributions, each signed by its member (with parts signed:
+    #: :class:`~cotrain.verification.witness.PartSigning`)
     seen: tuple = ()
 
 
@@ -67,12 +69,8 @@ def unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Te
 
 class Reduction:
     def __init__(self, exchange: Exchange, cfg: AveragingConfig, compression: CompressionConfig,
-                 shapes: Sequence[torch.Size], feedback: Feedback = Feedback(), seed: int = 0, attack: str = "",
-                 witness: bool = False):
-        """``witness``: note what this peer reduces of each groupmate's contribution (``Reduced.seen``), for a
-        validator to bind their evidence to (:mod:`cotrain.verification.witness`)."""
+                 shapes: Sequence[torch.Size], feedback: Feedback = Feedback(), seed: int = 0, attack: str = ""):
         self.exchange, self.cfg, self.compression, self.feedback = exchange, cfg, compression, feedback
-        self.witness = witness
         self.numel = sum(int(torch.Size(s).numel()) for s in shapes)
         if compression.kind == "sparse":
             self.codec = SparseLowBit([int(torch.Size(s).numel()) for s in shapes], compression.sparse_chunk,
@@ -98,8 +96,9 @@ class Reduction:
 
     # ---- the butterfly ---------------------------------------------------------------------------------------
     def allreduce(self, contribution: list[torch.Tensor], tag: str, group, me, weight: float,
-                  reducers: Sequence[bool]) -> Reduced:
-        """The group's average of ``contribution`` (this peer's, weighted ``weight``) over the exchange. Raises
+                  reducers: Sequence[bool], signing: Optional[PartSigning] = None) -> Reduced:
+        """The group's average of ``contribution`` (this peer's, weighted ``weight``) over the exchange; ``signing``:
+        the round's parts signed and checked (verification). Raises
         :class:`~cotrain.averaging.allreduce.AllReduceFailed` when a reduced part does not come."""
         timeout = self.cfg.allreduce_timeout
         if self.powersgd is not None:
@@ -110,7 +109,7 @@ class Reduction:
                                       self.cfg.aggregation, self.cfg.clip_multiple, reducers)
         else:
             result = butterfly_allreduce(self.exchange, tag, group, me, sent, weight, self.codec, timeout,
-                                         self.aggregator, reducers, self.cfg.min_part_values, self.witness)
+                                         self.aggregator, reducers, self.cfg.min_part_values, signing)
         self.took_feedback(contribution, flat, result.sent, use_feedback)
         return Reduced(unflatten(result.average, contribution), result.complete, result.credits, result.dropped,
                        self.shown(flat, result.sent), tuple(result.seen))
@@ -180,10 +179,11 @@ class Reduction:
         return self.powersgd is None and not isinstance(self.codec, SparseLowBit) and hosted(
             numel, self.cfg.min_part_values)
 
-    def hosting(self, contribution: list[torch.Tensor], weight: float) -> Optional["Hosting"]:
+    def hosting(self, contribution: list[torch.Tensor], weight: float,
+                signing: Optional[PartSigning] = None) -> Optional["Hosting"]:
         """What this round's meeting carries when its all-reduce rides with it; else None."""
         numel = sum(c.numel() for c in contribution)
-        return Hosting(contribution, numel, weight, self) if self.hosts(numel) else None
+        return Hosting(contribution, numel, weight, self, signing) if self.hosts(numel) else None
 
     def deposit_bound(self) -> int:
         """The most bytes of a contribution or a result riding on a meeting (0: none ride)."""
@@ -201,15 +201,16 @@ class Hosting:
     numel: int
     weight: float
     reduction: Reduction
+    signing: Optional[PartSigning] = None  # the round's pieces signed and checked (verification)
     dropped: dict = field(default_factory=dict)  # the host's: contributions it left out, and why
-    seen: dict = field(default_factory=dict)  # the host's: member -> digest of the contribution it took in
+    took: list = field(default_factory=list)  # the host's: what it took in of each contribution (Reduced.seen)
 
     @functools.cached_property
     def _sent(self) -> tuple[torch.Tensor, torch.Tensor, bool, bytes]:
         """(the contribution flat with the error fed back, what this peer sent as the host decodes it, whether error
         feedback is on, the piece)."""
         flat, sent, use_feedback = self.reduction.prepared(self.contribution)
-        piece, decoded = contribution_piece(sent, self.weight, self.reduction.codec)
+        piece, decoded = contribution_piece(sent, self.weight, self.reduction.codec, self.signing)
         return flat, decoded, use_feedback, piece
 
     @property
@@ -223,11 +224,11 @@ class Hosting:
 
     @staticmethod
     def max_rest_of(numel: int) -> int:
-        return 8 + 8 * MAX_ROSTER_MEMBERS + encoded_bound(numel)  # a contribution, or a result with its credits
+        return 8 * MAX_ROSTER_MEMBERS + piece_bound(numel)  # a contribution, or a result with its credits
 
     def reduce(self, pieces: dict[str, bytes]) -> bytes:
         return hosted_reduce(pieces, self.numel, self.reduction.codec, self.reduction.aggregator, self.dropped,
-                             reputation_of(self.reduction.exchange), self.seen if self.reduction.witness else None)
+                             reputation_of(self.reduction.exchange), self.signing, self.took)
 
     def average(self, result: bytes, group: Sequence[str]) -> Reduced:
         """The host's result for ``group`` (every member's id), and the error compression left out kept for the next
@@ -237,4 +238,4 @@ class Hosting:
         self.reduction.took_feedback(self.contribution, flat, decoded, use_feedback)
         return Reduced(unflatten(average, self.contribution), count == len(group), credits, dict(self.dropped),
                        self.reduction.shown(flat, decoded),
-                       tuple((member, 0, self.numel, digest) for member, digest in self.seen.items()))
+                       tuple(part for part in self.took if self.signing is None or part.member != self.signing.me))

@@ -27,6 +27,7 @@ from cotrain.averaging.outcome import (Kind, RoundResult, credited_samples, majo
 from cotrain.averaging.overlap import PendingRound
 from cotrain.averaging.reduction import Reduction
 from cotrain.config import AveragingConfig
+from cotrain.verification.witness import PartSigning
 
 #: (round, {peer: why}) for the contributions a round left out as bad (a late one is not reported)
 OnDropped = Callable[[int, Mapping[str, str]], None]
@@ -44,10 +45,11 @@ class RoundRun:
 
     def __init__(self, peer_id: str, cfg: AveragingConfig, former: GroupFormer, reduction: Reduction,
                  shared_copy: Callable[[], list[torch.Tensor]], on_dropped: OnDropped, on_credits: OnCredits,
-                 on_sent: Optional[OnSent] = None):
+                 on_sent: Optional[OnSent] = None, signing: Optional[Callable[[int], PartSigning]] = None):
+        """``signing``: a round's signing of the parts sent and checking of those taken in (verification)."""
         self.peer_id, self.cfg, self.former, self.reduction = peer_id, cfg, former, reduction
         self._shared_copy, self._on_dropped, self._on_credits = shared_copy, on_dropped, on_credits
-        self._on_sent = on_sent
+        self._on_sent, self._signing = on_sent, signing
 
     def run(self, launch: PendingRound, state_hash: str) -> RoundResult:
         """Form the round's group and run its all-reduce (on the averaging thread with overlap)."""
@@ -55,7 +57,8 @@ class RoundRun:
         started = time.monotonic()
         board = self.cfg.group_formation == "board_only" or (self.cfg.group_formation == "board"
                                                               and self.former.met_round != launch.round)
-        hosting = self.reduction.hosting(launch.contribution, weight) if board else None
+        signing = self._signing(launch.round) if self._signing is not None else None
+        hosting = self.reduction.hosting(launch.contribution, weight, signing) if board else None
         tried = self.former.meet(launch, state_hash, hosting) if board else Formation()
         if tried.formed is None:
             failed = self._not_formed(tried, launch, started)
@@ -85,7 +88,7 @@ class RoundRun:
             if by_host:
                 reduced = hosting.average(formed.hosted_result, [str(p) for p in group])
             else:
-                reduced = self.reduction.allreduce(launch.contribution, tag, group, me, weight, reducers)
+                reduced = self.reduction.allreduce(launch.contribution, tag, group, me, weight, reducers, signing)
             self._on_dropped(launch.round, reduced.dropped)
             if self._on_sent is not None and reduced.sent is not None:
                 self._on_sent(launch.round, state_hash, reduced.sent, reduced.seen)

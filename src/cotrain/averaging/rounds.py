@@ -55,6 +55,7 @@ from cotrain.averaging.state_source import StateSource
 from cotrain.averaging.strategy import Strategy
 from cotrain.averaging.tally import Tally
 from cotrain.config import AveragingConfig, CompressionConfig
+from cotrain.verification.witness import PartSigning
 from cotrain.optim.schedule import RoundClock
 from cotrain.outage import Repeats
 
@@ -118,7 +119,7 @@ class RoundAverager:
             stats=self.stats, on_counts=self.tally.observe, now=self.now)
         #: what the round's contributions go through on the wire, and what compression left out of them
         self.reduction = Reduction(self.exchange, cfg, compression, [p.shape for p in self.params],
-                                   strategy.feedback, seed, attack, witness=on_sent is not None)
+                                   strategy.feedback, seed, attack)
         #: the state every member of a group holds identically, its hash, and the checkpoint a joiner downloads
         self.shared = SharedState(strategy, self.reduction, self.param_names, run_id)
         #: a meeting's members join its host with their meetings (a hosted round's contribution riding on them)
@@ -139,7 +140,8 @@ class RoundAverager:
                                   view=lambda: self.view, rules=self.rules, stop=self._stop, now=self.now,
                                   plan=lambda view, now: board_group_of(view, now, self.facts(), self.plan_rules))
         self.runner = RoundRun(peer_id, cfg, self.former, self.reduction, self.shared.copy, self._flag,
-                               self.tally.note_credits, on_sent)
+                               self.tally.note_credits, on_sent, part_signing(run_id, peer_id, record_key, admission)
+                               if on_sent is not None and record_key is not None else None)
         self._publisher.start()
 
     # ---- the strategy's, called on the main thread -----------------------------------------------------------
@@ -363,3 +365,8 @@ class RoundAverager:
         self.shared.shutdown()
         self.ports.shutdown()
 
+
+def part_signing(run_id: str, peer_id: str, record_key, admission: Admission) -> Callable[[int], PartSigning]:
+    """A round's signing of this peer's parts with its record key, and checking of its groupmates' with the record
+    keys their credentials name (verification: the evidence bound to what the group took in)."""
+    return lambda round_number: PartSigning(run_id, round_number, peer_id, record_key, admission.record_key)

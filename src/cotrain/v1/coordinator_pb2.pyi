@@ -199,18 +199,22 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., evidence_round: _Optional[int] = ..., commitments: _Optional[_Iterable[bytes]] = ..., parts_seen: _Optional[_Iterable[_Union[PartSeen, _Mapping]]] = ...) -> None: ...
 
 class PartSeen(_message.Message):
-    __slots__ = ("round", "member", "start", "end", "digest")
+    __slots__ = ("round", "member", "start", "end", "digest", "signature", "contribution")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MEMBER_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     round: int
     member: str
     start: int
     end: int
     digest: bytes
-    def __init__(self, round: _Optional[int] = ..., member: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., digest: _Optional[bytes] = ...) -> None: ...
+    signature: bytes
+    contribution: bytes
+    def __init__(self, round: _Optional[int] = ..., member: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., digest: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., contribution: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("command", "reason", "credential", "revocations", "evidence_round")

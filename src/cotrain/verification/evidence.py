@@ -164,10 +164,10 @@ class EvidenceKeeper:
         self._lock = threading.Lock()
         self._kept: OrderedDict[int, Evidence] = OrderedDict()
         self._reads: list[tuple[int, int]] = []  # read since the last evidence kept, merged
-        self._seen: OrderedDict[int, tuple] = OrderedDict()  # round -> (member, start, end, digest), newest last
+        self._seen: OrderedDict[int, tuple[PartSeen, ...]] = OrderedDict()  # round -> its parts seen, newest last
 
     def keep(self, round_number: int, state_hash: str, params: Sequence[torch.Tensor],
-             contribution: torch.Tensor, seen: Sequence[tuple[str, int, int, bytes]] = ()) -> None:
+             contribution: torch.Tensor, seen: Sequence[PartSeen] = ()) -> None:
         """The evidence of ``round_number``: the round's global ``params`` and ``contribution`` (flat, as the group
         decoded it), committed now; ``seen``: what this node reduced of its groupmates' contributions."""
         ev_params, ev_contribution = flat(params), flat([contribution])
@@ -206,7 +206,7 @@ class EvidenceKeeper:
         :data:`~cotrain.verification.witness.MAX_PARTS_SEEN`: each heartbeat carries them."""
         with self._lock:
             rounds = list(self._seen.items())
-        return [PartSeen(r, *entry) for r, entries in reversed(rounds) for entry in entries][:MAX_PARTS_SEEN]
+        return [part for _, parts in reversed(rounds) for part in parts][:MAX_PARTS_SEEN]
 
     def encoded(self, round_number: int) -> Optional[bytes]:
         """The evidence of ``round_number`` as a validator takes it in; None when it is not kept (any more)."""

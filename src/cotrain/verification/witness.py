@@ -1,26 +1,34 @@
 """What a reducer saw of its groupmates' contributions, so that a member's evidence is bound to what its group averaged.
 
 A validator checks the contribution a member uploads as evidence (:mod:`cotrain.verification.evidence`). Without a
-binding, a member could send its group one contribution and the validator an honest other. So every reducer with
-verification on notes, for each member's part it took in, the digest of the values it decoded (:func:`part_digest`,
-over float32 little-endian, as the commitment is made) and where the part lies in the flat contribution
-(:class:`PartSeen`); its heartbeats carry those of its last rounds to the coordinator. The validator cuts the same
-slice out of the member's evidence and compares digests (:func:`contradicting`): a member whose evidence differs from
-what a reducer took in sent its group something else, or the reducer lies. One reducer's word could frame an honest
-member, so a contradiction counts only once :data:`MIN_WITNESSES` distinct reducers have made one
-(:func:`binding_counts`): an attacker that sends its group another contribution is contradicted by each reducer in
-turn (the host and the butterfly's parts move round to round), one lying reducer never gets a member failed.
+binding, a member could send its group one contribution and the validator an honest other. So, with verification on:
 
-Reports come from peers and are hostile: :func:`check_part_seen` bounds every field and names the one at fault.
+- a member signs each part of its contribution it sends (:meth:`PartSigning.sign`): the run, the round, its peer id,
+  the digest of the whole contribution the part is of (as its commitment is made: a round tried twice has two),
+  where the part lies in it and the digest of the part's values as the reducer will decode them (:func:`part_digest`,
+  float32 little-endian), with its record key;
+- the reducer takes a part in only when the signature holds for what it decoded (:meth:`PartSigning.valid`, with
+  the record key the member's credential names), and notes it (:class:`PartSeen`); its heartbeats carry those of its
+  last rounds to the coordinator;
+- the validator checks each report's signature with the member's record key (:func:`part_signed`) and judges the
+  evidence against the reports of its round (:func:`binding`).
+
+A report is the member's own signed word, so a reducer cannot frame a member. A member whose evidence contradicts a
+report of the same contribution signed two different things; one whose reducers took in only other contributions
+than the one it shows sent its group another (an honest member's failed try of a round is followed by the try that
+succeeded, whose parts its reducers took in too). Reports come from peers and are hostile:
+:func:`check_part_seen` bounds every field and names the one at fault.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import NamedTuple, Sequence
+import struct
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
-
+from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
 #: parts a heartbeat carries at most: a reducer's last two rounds of a group of 32
 MAX_PARTS_SEEN = 64
@@ -29,19 +37,22 @@ DIGEST_BYTES = 32
 MAX_MEMBER_CHARS = 128
 #: a flat contribution's values at most (a model of 2^40 parameters is beyond any volunteer's)
 MAX_VALUES = 1 << 40
-#: distinct reducers that must contradict a member's evidence before it fails a check that counts: with 2, a single
-#: lying reducer cannot frame a member, two colluding ones can
-MIN_WITNESSES = 2
+#: hivemind's RSA signatures are base64 of 256 bytes; the bound only keeps hostile input small
+MAX_SIGNATURE_BYTES = 1024
+DOMAIN = b"cotrain-part-v1"
 
 
 class PartSeen(NamedTuple):
-    """A reducer's report: in ``round``, ``member`` sent it the values [start, end) of its contribution, whose
-    :func:`part_digest` is ``digest``."""
+    """A reducer's report: in ``round``, ``member`` sent it the values [start, end) of its contribution whose
+    :func:`part_digest` is ``contribution``; the part's is ``digest``; ``signature``: the member's, of all that
+    (:func:`part_statement`)."""
     round: int
     member: str
     start: int
     end: int
     digest: bytes
+    signature: bytes
+    contribution: bytes
 
 
 def contribution_bytes(flat: torch.Tensor) -> bytes:
@@ -51,6 +62,66 @@ def contribution_bytes(flat: torch.Tensor) -> bytes:
 
 def part_digest(values: torch.Tensor) -> bytes:
     return hashlib.sha256(contribution_bytes(values.reshape(-1))).digest()
+
+
+def part_statement(run_id: str, round: int, member: str, start: int, end: int, digest: bytes,
+                   contribution: bytes) -> bytes:
+    """What a member signs of a part it sends."""
+    return b"|".join([DOMAIN, run_id.encode(), member.encode(), struct.pack("<QQQ", round, start, end), contribution,
+                      digest])
+
+
+def part_signed(public_key: Optional[bytes], run_id: str, part: PartSeen) -> bool:
+    """Whether ``part``'s signature is the member's (``public_key``: the record key its credential names, OpenSSH
+    encoding) over its statement in ``run_id``. False for a key or a signature that is none (hostile bytes)."""
+    if not public_key or not part.signature or len(part.signature) > MAX_SIGNATURE_BYTES:
+        return False
+    try:
+        key = RSAPublicKey.from_bytes(bytes(public_key))
+        return bool(key.verify(part_statement(run_id, part.round, part.member, part.start, part.end, part.digest,
+                                              part.contribution), part.signature))
+    except Exception:  # noqa: BLE001 - the cryptography library raises several types for garbage
+        return False
+
+
+@dataclass(frozen=True)
+class PartSigning:
+    """A round's parts, signed as they go out and checked as they come in: ``me`` signs with ``key``; a member's
+    signature is checked with the record key its credential names (``record_key_of``; None when it is not known:
+    data-plane checks off, and then a part is taken in as it is)."""
+    run_id: str
+    round: int
+    me: str
+    key: RSAPrivateKey
+    record_key_of: Callable[[str], Optional[bytes]]
+
+    def sign(self, start: int, end: int, values: torch.Tensor, contribution: bytes) -> bytes:
+        """This peer's signature of the part [start, end) whose values, as its reducer decodes them, are ``values``,
+        of the contribution whose digest is ``contribution``."""
+        return self.key.sign(part_statement(self.run_id, self.round, self.me, start, end, part_digest(values),
+                                            contribution))
+
+    def valid(self, part: PartSeen) -> bool:
+        """Whether the member signed ``part`` (one of this round's)."""
+        key = self.record_key_of(part.member)
+        return key is None or part_signed(key, self.run_id, part)
+
+
+def pack_signed(contribution: bytes, signature: bytes, encoded: bytes) -> bytes:
+    """A part's encoded values after the digest of its contribution and its signature (length first)."""
+    return contribution + struct.pack("<H", len(signature)) + signature + encoded
+
+
+def unpack_signed(data: bytes) -> tuple[bytes, bytes, bytes]:
+    """-> (the contribution's digest, the signature, the encoded values) of :func:`pack_signed`'s bytes (hostile);
+    ValueError naming the field."""
+    if len(data) < DIGEST_BYTES + 2:
+        raise ValueError("signature: missing")
+    (n,) = struct.unpack("<H", data[DIGEST_BYTES:DIGEST_BYTES + 2])
+    at = DIGEST_BYTES + 2
+    if not 0 < n <= MAX_SIGNATURE_BYTES or len(data) < at + n:
+        raise ValueError(f"signature: {n} bytes (1 to {MAX_SIGNATURE_BYTES}, in a part of {len(data)})")
+    return data[:DIGEST_BYTES], data[at:at + n], data[at + n:]
 
 
 def check_part_seen(part: PartSeen) -> str:
@@ -63,22 +134,29 @@ def check_part_seen(part: PartSeen) -> str:
         return f"parts_seen.start, end: [{part.start}, {part.end}) is no part of a contribution"
     if len(part.digest) != DIGEST_BYTES:
         return f"parts_seen.digest: {len(part.digest)} bytes, expected {DIGEST_BYTES}"
+    if not 0 < len(part.signature) <= MAX_SIGNATURE_BYTES:
+        return f"parts_seen.signature: {len(part.signature)} bytes (1 to {MAX_SIGNATURE_BYTES})"
+    if len(part.contribution) != DIGEST_BYTES:
+        return f"parts_seen.contribution: {len(part.contribution)} bytes, expected {DIGEST_BYTES}"
     return ""
 
 
-def contradicting(contribution: torch.Tensor, seen: Sequence[tuple[str, PartSeen]]) -> list[tuple[str, str]]:
-    """The reducers whose reports ``contribution`` (a member's evidence, flat) contradicts, with what differs in
-    words: ``seen``, (reducer, its report) for the member's round. Empty: every part matches."""
-    numel, out = contribution.numel(), []
-    for reducer, part in seen:
-        if part.end > numel:
-            out.append((reducer, f"reducer {reducer[:8]} took in values [{part.start}, {part.end}) of a contribution "
-                                 f"of {numel}"))
-        elif part_digest(contribution[part.start:part.end]) != part.digest:
-            out.append((reducer, f"values [{part.start}, {part.end}) differ from what reducer {reducer[:8]} took in"))
-    return out
-
-
-def binding_counts(contradicted_by: set[str]) -> bool:
-    """Whether a member whose evidence these distinct reducers contradicted (lately) fails a check that counts."""
-    return len(contradicted_by) >= MIN_WITNESSES
+def binding(contribution: torch.Tensor, seen: Sequence[tuple[str, PartSeen]]) -> str:
+    """Whether ``contribution`` (a member's evidence of a round, flat) is what its group took in, judged by ``seen``:
+    (reducer, its report) of every part of the member's round, each signed by the member. -> "" when it is (or
+    nothing was reported), else why not in words. The reports of the evidence's own contribution must each match its
+    slice; reports of other contributions only (none of this one) mean its reducers took in another than it shows."""
+    if not seen:
+        return ""
+    shown = part_digest(contribution)
+    own = [(reducer, part) for reducer, part in seen if part.contribution == shown]
+    if not own:
+        reducer, part = seen[0]
+        return (f"reducer {reducer[:8]} took in a part of another contribution ({part.contribution.hex()[:12]}) than "
+                f"the one it shows ({shown.hex()[:12]}), and no reducer took in one of this")
+    numel = contribution.numel()
+    for reducer, part in own:
+        if part.end > numel or part_digest(contribution[part.start:part.end]) != part.digest:
+            return (f"values [{part.start}, {part.end}) differ from those it signed and reducer {reducer[:8]} took "
+                    "in")
+    return ""

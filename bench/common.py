@@ -231,6 +231,52 @@ class UnitLoop:
         return samples
 
 
+@dataclass
+class PlainRun:
+    """A plain loop's run (:func:`train_plain`): its validation curve ([samples, BPC], ...) and what it took."""
+    curve: list
+    samples: int
+    steps: int
+    step_s: float  # seconds in the training steps, evaluations left out
+    wall_s: float
+    params: int
+
+
+def train_plain(name: str, cfg: RunConfig, samples: int, eval_every: int, device: str = "cpu",
+                layout: str = "split") -> PlainRun:
+    """The user's plain loop (:class:`UnitLoop`, the run config's schedule) to ``samples``, evaluated every
+    ``eval_every`` samples and at the end (the coordinator's evaluation); each evaluation is printed with ``name``."""
+    import torch
+
+    from cotrain.data import Corpus
+    from cotrain.evaluation import evaluate_model
+    from cotrain.models import count_parameters
+    from cotrain.optim.schedule import Schedule, lr_factor
+
+    corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)
+    loop = UnitLoop(cfg, corpus, corpus.byte_counts(), device, layout=layout)
+    schedule = Schedule.from_config(cfg)
+    curve, steps, stepping, next_eval, started = [], 0, 0.0, 0, time.monotonic()
+
+    def evaluate() -> None:
+        bpc = evaluate_model(cfg, loop.model, corpus=corpus, max_bytes=cfg.coordinator.eval_bytes)["val_bpc"]
+        curve.append([loop.samples, round(bpc, 4)])
+        print(f"{name}: {loop.samples} samples  val {bpc:.4f} BPC  {time.monotonic() - started:.0f}s", flush=True)
+
+    while loop.samples < samples:
+        if loop.samples >= next_eval:
+            evaluate()
+            next_eval += eval_every
+        began = time.monotonic()
+        loop.step(cfg.optimizer.lr * lr_factor(schedule, loop.samples))
+        stepping += time.monotonic() - began
+        steps += 1
+    evaluate()
+    if loop.device.type == "cuda":
+        torch.cuda.synchronize(loop.device)
+    return PlainRun(curve, loop.samples, steps, stepping, time.monotonic() - started, count_parameters(loop.model))
+
+
 def bench_parser(doc: str) -> argparse.ArgumentParser:
     """A bench's argument parser: its docstring as the description, and ``--data`` (None: :func:`default_text`)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

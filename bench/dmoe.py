@@ -23,18 +23,13 @@ JSON: ``{"runs": [{"name", "curve": [[samples, val_bpc], ...], "final_val_bpc", 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cotrain.config import RunConfig  # noqa: E402
-from cotrain.data import Corpus  # noqa: E402
-from cotrain.evaluation import evaluate_model  # noqa: E402
-from cotrain.models import count_parameters  # noqa: E402
-from cotrain.optim.schedule import Schedule, lr_factor  # noqa: E402
 
-from common import UnitLoop, bench_parser, interruptible, print_table, run_meta, write_json, write_page  # noqa: E402
+from common import bench_parser, interruptible, print_table, run_meta, train_plain, write_json, write_page  # noqa: E402
 
 ROWS = ("local_moe", "dense")
 QUICK_SAMPLES = 8_000
@@ -51,30 +46,10 @@ def row_config(name: str, data) -> RunConfig:
 
 
 def run_row(name: str, args) -> dict:
-    cfg = row_config(name, args.data)
-    corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)
-    loop = UnitLoop(cfg, corpus, corpus.byte_counts(), "cpu", layout="split")
-    schedule = Schedule.from_config(cfg)
-    curve, steps, stepping, next_eval, started = [], 0, 0.0, 0, time.monotonic()
-
-    def evaluate() -> None:
-        bpc = evaluate_model(cfg, loop.model, corpus=corpus, max_bytes=cfg.coordinator.eval_bytes)["val_bpc"]
-        curve.append([loop.samples, round(bpc, 4)])
-        print(f"{name}: {loop.samples} samples  val {bpc:.4f} BPC  {time.monotonic() - started:.0f}s", flush=True)
-
-    while loop.samples < args.samples:
-        if loop.samples >= next_eval:
-            evaluate()
-            next_eval += args.eval_every
-        began = time.monotonic()
-        loop.step(cfg.optimizer.lr * lr_factor(schedule, loop.samples))
-        stepping += time.monotonic() - began
-        steps += 1
-    evaluate()
-    params = count_parameters(loop.model)
-    return dict(name=name, curve=curve, final_val_bpc=curve[-1][1], samples=loop.samples,
-                samples_per_s=round(loop.samples / stepping, 2), step_s=round(stepping / steps, 4),
-                failed_calls=0, failed_steps=0, params_total=params, params_largest_process=params)
+    run = train_plain(name, row_config(name, args.data), args.samples, args.eval_every)
+    return dict(name=name, curve=run.curve, final_val_bpc=run.curve[-1][1], samples=run.samples,
+                samples_per_s=round(run.samples / run.step_s, 2), step_s=round(run.step_s / run.steps, 4),
+                failed_calls=0, failed_steps=0, params_total=run.params, params_largest_process=run.params)
 
 
 COLUMNS = ["row", "samples", "final BPC", "vs dense", "samples/s", "step s", "failed calls", "failed steps",

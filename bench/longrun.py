@@ -56,14 +56,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (Swarm, UnitLoop, bench_parser, final_checkpoint, print_table, run_meta,  # noqa: E402
-                    swarm_config, wait_for, work_folder, write_json, write_page)
+from common import (Swarm, bench_parser, final_checkpoint, print_table, run_meta,  # noqa: E402
+                    swarm_config, train_plain, wait_for, work_folder, write_json, write_page)
 
 from cotrain.config import RunConfig  # noqa: E402
 from cotrain.coordinator.store import read_evals  # noqa: E402
 from cotrain.data import Corpus  # noqa: E402
-from cotrain.evaluation import evaluate_model, evaluate_state  # noqa: E402
-from cotrain.optim.schedule import Schedule, lr_factor  # noqa: E402
+from cotrain.evaluation import evaluate_state  # noqa: E402
 
 ROWS = ("plain_mixed", "plain_units", "cotrain_1", "cotrain_3", "cotrain_hetero")
 #: rows of one fast node and two slow ones: name -> how many times slower the slow ones are
@@ -102,26 +101,8 @@ def run_config(args) -> RunConfig:
 
 
 def run_plain(name: str, cfg: RunConfig, args) -> dict:
-    device = torch.device(args.device)
-    corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)
-    loop = UnitLoop(cfg, corpus, corpus.byte_counts(), device, layout=PLAIN[name])
-    schedule = Schedule.from_config(cfg)
-    curve, started, next_eval = [], time.monotonic(), 0
-
-    def evaluate():
-        bpc = evaluate_model(cfg, loop.model, corpus=corpus, max_bytes=cfg.coordinator.eval_bytes)["val_bpc"]
-        curve.append([loop.samples, round(bpc, 4)])
-        print(f"{name}: {loop.samples} samples  val {bpc:.4f} BPC  {time.monotonic() - started:.0f}s", flush=True)
-
-    while loop.samples < args.samples:
-        if loop.samples >= next_eval:
-            evaluate()
-            next_eval += args.eval_every
-        loop.step(cfg.optimizer.lr * lr_factor(schedule, loop.samples))
-    evaluate()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return row(name, args.device, curve, time.monotonic() - started, [])
+    run = train_plain(name, cfg, args.samples, args.eval_every, args.device, layout=PLAIN[name])
+    return row(name, args.device, run.curve, run.wall_s, [])
 
 
 def run_swarm(name: str, cfg: RunConfig, args, node_flags: list[list[str]]) -> dict:

@@ -132,7 +132,7 @@ def test_a_part_is_the_members_word_only_with_its_record_keys_signature(key):
     values = torch.randn(10)
     whole = part_digest(torch.randn(20))
     signing = PartSigning(RUN, 3, PEER, key, {PEER: key.get_public_key().to_bytes()}.get)
-    part = PartSeen(3, PEER, 2, 12, part_digest(values), signing.sign(2, 12, values, whole), whole)
+    part = PartSeen(3, PEER, 2, 12, part_digest(values), signing.sign(2, 12, part_digest(values), whole), whole)
     public = key.get_public_key().to_bytes()
     assert part_signed(public, RUN, part) and signing.valid(part)
     assert not part_signed(public, "other-run", part)

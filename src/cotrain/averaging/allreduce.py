@@ -204,8 +204,9 @@ def _piece(weight: float, encoded: bytes, decoded: torch.Tensor, start: int, end
     """What a member sends a reducer of its part [start, end) of ``decoded`` (its whole contribution as reducers
     decode it, whose digest is ``whole``): its weight, then (with ``signing``) the digest and its signature, then the
     encoded values."""
-    if signing is not None:
-        encoded = pack_signed(whole, signing.sign(start, end, decoded[start:end], whole), encoded)
+    if signing is not None:  # the whole contribution's digest is the part's when the part is all of it
+        digest = whole if (start, end) == (0, decoded.numel()) else part_digest(decoded[start:end])
+        encoded = pack_signed(whole, signing.sign(start, end, digest, whole), encoded)
     return struct.pack("<d", weight) + encoded
 
 

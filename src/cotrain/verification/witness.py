@@ -95,11 +95,10 @@ class PartSigning:
     key: RSAPrivateKey
     record_key_of: Callable[[str], Optional[bytes]]
 
-    def sign(self, start: int, end: int, values: torch.Tensor, contribution: bytes) -> bytes:
-        """This peer's signature of the part [start, end) whose values, as its reducer decodes them, are ``values``,
-        of the contribution whose digest is ``contribution``."""
-        return self.key.sign(part_statement(self.run_id, self.round, self.me, start, end, part_digest(values),
-                                            contribution))
+    def sign(self, start: int, end: int, digest: bytes, contribution: bytes) -> bytes:
+        """This peer's signature of the part [start, end) whose values, as its reducer decodes them, have the
+        :func:`part_digest` ``digest``, of the contribution whose digest is ``contribution``."""
+        return self.key.sign(part_statement(self.run_id, self.round, self.me, start, end, digest, contribution))
 
     def valid(self, part: PartSeen) -> bool:
         """Whether the member signed ``part`` (one of this round's)."""

@@ -143,9 +143,9 @@ def main() -> None:
                     result["state_bytes_before_refusal"] += len(data or b"")
                 time.sleep(0.05)
             result["all_refused"] = None if pending else time.time()
-            exchange.state_bytes_received = 0
         elif args.mode == "expired":
             time.sleep(max(0.0, expires - time.time() + 1.0))
+        state_bytes_before = exchange.state_bytes_received  # the state it is to get now, not before its refusal
         strategy.phase = "train"
         result["got_state"] = download_state(exchange, members, timeout=10.0, run_id=run_id) is not None
         for _ in range(args.attempts):
@@ -161,7 +161,7 @@ def main() -> None:
         result["refusals"] = exchange.refusals_received
         if result["first_refusal"] is None and exchange.refusals_received:
             result["first_refusal"] = time.time()
-        result["state_bytes"] = exchange.state_bytes_received
+        result["state_bytes"] = exchange.state_bytes_received - state_bytes_before
         result["averaging_bytes_received"] = exchange.bytes_received
         result["rounds_completed"] = strategy.stats.rounds_completed
     finally:

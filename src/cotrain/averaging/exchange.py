@@ -27,12 +27,12 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-from google.protobuf.message import DecodeError
 from hivemind.dht import DHT
-from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
+from hivemind.p2p import P2P, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
 from cotrain.averaging.admission import Admission
+from cotrain.averaging.fetching import PEER_ERRORS, Fetcher
 from cotrain.averaging.serving import MAX_DEPOSIT_BYTES, UNARY_MAX_BYTES, Serving  # noqa: F401 - re-exported
 from cotrain.ratelimit import UploadLimiter
 from cotrain.v1 import swarm_pb2 as pb
@@ -40,12 +40,6 @@ from cotrain import hivemind_private  # noqa: F401 - importing it mends hivemind
 
 logger = logging.getLogger(__name__)
 
-#: what talking to a peer raises when the peer died, its daemon refused, or the stream broke or came garbled: part of
-#: a swarm's life (the piece is missing, the round goes on without it), not a fault of this peer's
-PEER_ERRORS = (P2PDaemonError, P2PHandlerError, OSError, EOFError, DecodeError)
-
-def _oversized(size: int, max_bytes: Optional[int]) -> bool:
-    return max_bytes is not None and size > max_bytes
 
 
 async def _daemon_listen_maddr(_dht: DHT, node) -> Multiaddr:
@@ -61,18 +55,6 @@ class Exchange:
         self.limiter = limiter  # every byte this peer serves goes through it (a volunteer's upload limit)
         self.handler_name = f"{namespace}.fetch"
         self.unary_name = f"{namespace}.get"
-        self._deposits_sent = 0  # what this peer left with its requests (bytes_sent counts it)
-        self._fetched = 0  # the averaging pieces it fetched (bytes_received counts them)
-        self.state_bytes_received = 0
-        self._last_refused_log = 0.0
-        #: fetches that failed in a way no dying peer explains, by kind of error (the first of each kind is logged with
-        #: its traceback)
-        self.unexpected_fetch_errors: dict[str, int] = {}
-        #: requests of ours that peers refused (our credential expired or was revoked: we are not a member)
-        self.refusals_received = 0
-        #: pieces peers offered that were larger than the fetch's ``max_bytes`` (not taken in)
-        self.oversized_pieces = 0
-        self._last_oversized_log = 0.0
         self._loop = asyncio.new_event_loop()
         #: the pieces this peer serves, who asked for them, and what peers left with their requests
         self.serving = Serving(admission, self._loop, keep_tags, limiter)
@@ -80,6 +62,8 @@ class Exchange:
         self._thread.start()
         self.p2p = self._run(self._start(dht), timeout=60)
         self.peer_id: PeerID = self.p2p.peer_id
+        #: what this peer asks of others: pieces, states and joins (cotrain.averaging.fetching)
+        self.fetcher = Fetcher(self.p2p, admission, self.unary_name, self.handler_name, limiter)
 
     def _run(self, coro, timeout: Optional[float] = None):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -133,16 +117,30 @@ class Exchange:
     @property
     def bytes_sent(self) -> int:
         """Averaging bytes this peer put on the wire: the pieces it served, and what it left with its requests."""
-        return self.serving.bytes_sent + self._deposits_sent
+        return self.serving.bytes_sent + self.fetcher.deposits_sent
 
     @property
     def bytes_received(self) -> int:
         """Averaging bytes it took off the wire: the pieces it fetched, and what peers left with theirs."""
-        return self.serving.bytes_received + self._fetched
+        return self.serving.bytes_received + self.fetcher.bytes_received
 
     @property
     def state_bytes_sent(self) -> int:
         return self.serving.state_bytes_sent
+
+    @property
+    def state_bytes_received(self) -> int:
+        return self.fetcher.state_bytes_received
+
+    @property
+    def refusals_received(self) -> int:
+        """Requests of ours that peers refused (our credential expired or was revoked: we are not a member)."""
+        return self.fetcher.refusals_received
+
+    @property
+    def oversized_pieces(self) -> int:
+        """Pieces peers offered that were larger than a fetch's ``max_bytes`` (not taken in)."""
+        return self.fetcher.oversized_pieces
 
     @property
     def served(self) -> dict:
@@ -150,122 +148,6 @@ class Exchange:
         return self.serving.served
 
     # ---- fetching ------------------------------------------------------------------------------------------------
-    async def _fetch(self, peer: PeerID, key: str, wait_s: float,
-                     on_progress: Optional[Callable[[int, int], None]] = None, state: bool = False,
-                     large: bool = False, max_bytes: Optional[int] = None, deposit: bytes = b"") -> Optional[bytes]:
-        """A piece, or None. An all-reduce piece is asked for in one request first; the answer is the piece, or that
-        it is to be streamed (it is large). States, and pieces the caller expects to be ``large`` (more than
-        ``UNARY_MAX_BYTES``), stream at once. A piece of more than ``max_bytes`` (as the peer announces it, or as
-        it comes) is none: it is not taken in. ``deposit``: left with the peer while the request waits (see
-        :meth:`join`)."""
-        request = pb.FetchRequest(key=key, wait_s=wait_s, credential=self.admission.credential())
-        if deposit:
-            if self.limiter is not None:  # what we leave we upload: under our upload limit
-                await self.limiter.take(len(deposit))
-            request.deposit = deposit
-        if not state and not large and on_progress is None:
-            try:
-                answer = await self.p2p.call_protobuf_handler(peer, self.unary_name, request, pb.FetchChunk)
-                if deposit and not answer.refused:  # it arrived (the peer counts it as it takes it in)
-                    self._deposits_sent += len(deposit)
-            except P2PDaemonError as e:  # its daemon refused the call (a peer of a version without it): stream
-                logger.debug("fetch %s from %s in one request failed: %r; streaming it", key, peer, e)
-                if deposit:  # a join is one request: a stream would answer with what was there before it came
-                    return None
-            except PEER_ERRORS as e:  # the peer died, the connection broke
-                logger.debug("fetch %s from %s failed: %r", key, peer, e)
-                return None
-            except Exception as e:  # noqa: BLE001 - no dying peer explains it: counted, the first of a kind logged
-                self._unexpected_fetch_error(key, peer, e)
-                return None
-            else:
-                if not answer.use_stream:
-                    return self._took_answer(peer, key, answer, max_bytes)
-                if _oversized(answer.total, max_bytes):
-                    self._oversized(peer, key, answer.total, max_bytes)
-                    return None
-                request.wait_s = 0.0  # it is published: the stream needs no wait
-        request.deposit = b""  # a stream leaves nothing (the answer is there, or the peer streams only)
-        return await self._fetch_stream(peer, request, on_progress, state, max_bytes)
-
-    def _oversized(self, peer: PeerID, key: str, size: int, max_bytes: Optional[int]) -> None:
-        """A peer offered a piece larger than any the fetch expects: counted, logged at most every 10 s."""
-        self.oversized_pieces += 1
-        now = time.monotonic()
-        if now - self._last_oversized_log >= 10.0:
-            self._last_oversized_log = now
-            logger.warning("peer ...%s offered %d bytes for %s, more than the %d expected: not taken (%d such so far)",
-                           str(peer)[-8:], size, key, max_bytes, self.oversized_pieces)
-
-    def _took_answer(self, peer: PeerID, key: str, answer: pb.FetchChunk,
-                     max_bytes: Optional[int] = None) -> Optional[bytes]:
-        if not answer.found:
-            if answer.refused:
-                self._log_refused(peer, answer.refused[:200])
-            return None
-        if _oversized(len(answer.data), max_bytes):
-            self._oversized(peer, key, len(answer.data), max_bytes)
-            return None
-        if len(answer.data) != answer.total:
-            logger.info("fetch %s from %s: got %d of %d bytes", key, str(peer)[-8:], len(answer.data), answer.total)
-            return None
-        self._fetched += len(answer.data)
-        return answer.data
-
-    async def _fetch_stream(self, peer: PeerID, request: pb.FetchRequest,
-                            on_progress: Optional[Callable[[int, int], None]], state: bool,
-                            max_bytes: Optional[int] = None) -> Optional[bytes]:
-        key = request.key
-        pieces: list[bytes] = []  # joined once at the end: one copy of the piece, not one per chunk
-        size = total = 0
-        try:
-            stream = await self.p2p.iterate_protobuf_handler(peer, self.handler_name, request, pb.FetchChunk)
-            async for chunk in stream:
-                if not chunk.found:
-                    if chunk.refused:
-                        self._log_refused(peer, chunk.refused[:200])
-                    return None
-                pieces.append(chunk.data)
-                size += len(chunk.data)
-                total = total or chunk.total
-                if _oversized(total, max_bytes):
-                    self._oversized(peer, key, total, max_bytes)
-                    return None
-                if state:
-                    self.state_bytes_received += len(chunk.data)
-                else:
-                    self._fetched += len(chunk.data)
-                if size > total:  # more than the peer announced: not a piece of ours (no end to it otherwise)
-                    logger.info("fetch %s from %s: more than the %d bytes announced", key, str(peer)[-8:], total)
-                    return None
-                if on_progress is not None:
-                    on_progress(size, total)
-        except PEER_ERRORS as e:  # the peer died, its daemon refused, the stream broke
-            logger.debug("fetch %s from %s failed: %r", key, peer, e)
-            return None
-        except Exception as e:  # noqa: BLE001 - no dying peer explains it: counted, the first of a kind logged
-            self._unexpected_fetch_error(key, peer, e)
-            return None
-        if not pieces or size != total:
-            # the stream closed early (the peer is going away, or the link broke): never hand on a truncated piece
-            logger.info("fetch %s from %s: got %d of %d bytes", key, str(peer)[-8:], size, total)
-            return None
-        return b"".join(pieces)
-
-    def _unexpected_fetch_error(self, key: str, peer: PeerID, error: Exception) -> None:
-        kind = type(error).__name__
-        self.unexpected_fetch_errors[kind] = self.unexpected_fetch_errors.get(kind, 0) + 1
-        if self.unexpected_fetch_errors[kind] == 1:
-            logger.warning("fetch %s from ...%s failed with %s (further %s errors are counted, not logged)", key,
-                           str(peer)[-8:], kind, kind, exc_info=(type(error), error, error.__traceback__))
-
-    def _log_refused(self, peer: PeerID, reason: str) -> None:
-        self.refusals_received += 1
-        now = time.monotonic()
-        if now - self._last_refused_log >= 10.0:
-            self._last_refused_log = now
-            logger.warning("peer ...%s refused our request: %s", str(peer)[-8:], reason)
-
     def fetch_many(self, requests: Sequence[tuple[PeerID, str]], wait_s: float, large: bool = False,
                    max_bytes: Optional[int] = None) -> list[Optional[bytes]]:
         """Fetch every (peer, key) concurrently; None for a piece that did not come within ``wait_s``. ``large``: the
@@ -275,7 +157,7 @@ class Exchange:
         async def one(peer: PeerID, key: str) -> Optional[bytes]:
             deadline = time.monotonic() + wait_s
             for attempt in range(3):  # a broken stream is retried while time remains
-                data = await self._fetch(peer, key, max(0.0, deadline - time.monotonic()), large=large,
+                data = await self.fetcher.fetch(peer, key, max(0.0, deadline - time.monotonic()), large=large,
                                          max_bytes=max_bytes)
                 if data is not None or time.monotonic() >= deadline:
                     return data
@@ -289,7 +171,7 @@ class Exchange:
         results = self._run(gather())
         for (peer, key), r in zip(requests, results):
             if isinstance(r, Exception) and not isinstance(r, asyncio.TimeoutError):  # a timeout: the piece is late
-                self._unexpected_fetch_error(key, peer, r)
+                self.fetcher.unexpected(key, peer, r)
         return [r if isinstance(r, bytes) else None for r in results]
 
     def join(self, peer: PeerID, key: str, deposit: bytes, wait_s: float,
@@ -304,14 +186,14 @@ class Exchange:
             return None
 
         async def one() -> Optional[bytes]:
-            return await self._fetch(peer, key, wait_s, max_bytes=max_bytes, deposit=deposit)
+            return await self.fetcher.fetch(peer, key, wait_s, max_bytes=max_bytes, deposit=deposit)
 
         try:
             return self._run(asyncio.wait_for(one(), timeout=wait_s + 10.0))
         except (asyncio.TimeoutError, TimeoutError):
             return None
         except Exception as e:  # noqa: BLE001 - no dying peer explains it: counted, the first of a kind logged
-            self._unexpected_fetch_error(key, peer, e)
+            self.fetcher.unexpected(key, peer, e)
             return None
 
     def fetch(self, peer: PeerID, key: str, wait_s: float, timeout: float,
@@ -319,7 +201,7 @@ class Exchange:
         """One piece from one peer; ``on_progress(received, total)`` after every chunk. ``state``: count the bytes
         as a state download, not as averaging."""
         try:
-            return self._run(asyncio.wait_for(self._fetch(peer, key, wait_s, on_progress, state), timeout=timeout))
+            return self._run(asyncio.wait_for(self.fetcher.fetch(peer, key, wait_s, on_progress, state), timeout=timeout))
         except (asyncio.TimeoutError, TimeoutError):
             return None
 

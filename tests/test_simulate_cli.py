@@ -101,12 +101,22 @@ def _alive(seen: set[tuple[int, str]]) -> set[tuple[int, str]]:
 
 
 @pytest.mark.swarm
+def cpu_limit_available() -> bool:
+    """Whether this machine lets a process give itself a cgroup CPU quota (node join --cpu-limit): root, or a
+    delegated cgroup. Tried in a process of its own, which it moves."""
+    probe = "from cotrain.node.limits import CpuTimeLimit; CpuTimeLimit(1.0).__enter__().__exit__(None, None, None)"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
+
+
 def test_simulate_three_nodes_at_a_fractional_share(tmp_path, corpus_file):
     """3 nodes on this machine's CPUs (0.6666 each of 2: shares that do not add up to whole CPUs) join, the swarm
-    completes a round, the command exits 0, and every process it started has ended."""
+    completes a round, the command exits 0, and every process it started has ended. Where cgroups allow it, the
+    nodes' CPUs are enforced (--cpu-limit: a node that could not apply its quota would exit, and the swarm would not
+    train)."""
     (tmp_path / "run.toml").write_text(tiny_config(corpus_file).to_toml())
+    limit = ["--cpu-limit"] if cpu_limit_available() else []
     proc = subprocess.Popen([COTRAIN, "simulate", "--nodes", "3", "--config", str(tmp_path / "run.toml"), "--rounds",
-                             "1", "--duration", "240", "--format", "json", "--workdir", str(tmp_path / "sim")],
+                             "1", "--duration", "240", "--format", "json", "--workdir", str(tmp_path / "sim"), *limit],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     seen: set[tuple[int, str]] = set()  # everything it started (Ray's processes, the coordinator, the nodes)
     deadline = time.monotonic() + 300
@@ -134,7 +144,9 @@ def test_simulate_three_nodes_at_a_fractional_share(tmp_path, corpus_file):
                 pass
     assert proc.returncode == 0, stderr[-4000:]
     summary = json.loads(stdout)
+    # it ended when the swarm reached --rounds, not at the end of --duration
     assert summary["nodes"] == 3 and summary["stopped_by"] == "rounds" and summary["global_round"] >= 1, summary
+    assert summary["samples_total"] > 0, summary
     assert sorted(n["node_name"] for n in summary["nodes_detail"]) == ["managed-0", "managed-1", "managed-2"]
     assert summary["cpus_per_node"] * 3 <= machine_cpus()
     assert summary["coordinator_exit_code"] == 0

@@ -19,9 +19,12 @@ fork. Memory a process adds itself (a leak) grows both.
 It reports, for each long-lived process (the coordinator's, node-0's and node-1's; node-2's restart every time),
 the slope of each figure after the first ``--settle`` minutes (10), by least squares: MB an hour, descriptors an hour,
 threads an hour, and the memory slope as a share of the process's memory an hour; and the memory's robust slope
-(Theil-Sen: the median of the slopes between every two minutes), which is what the bench judges by. A node's memory
-steps up and down by tens of MB as it downloads a state or is frozen and thawed, and over a run of minutes least
-squares reads one such step as a trend; a leak is a rise that most pairs of minutes show. The JSON is written after every
+(Theil-Sen: the median of the slopes between every two minutes). A node's memory steps up and down by tens of MB as
+it downloads a state, averages a round or is frozen and thawed, and over a run of minutes least squares reads one
+such step as a trend; a leak is a rise that most pairs of minutes show. So the bench also reads every process every
+``--floor-every`` seconds (10) and keeps the least it held in each minute (``uss_floor_bytes``,
+``rss_floor_bytes``): a round's buffers come and go within the minute, what a process keeps is in its floor, and the
+floor's robust slope is what the bench judges by. The JSON is written after every
 minute, so a run of hours can be read while it goes on. A 6-hour run: ``nohup python bench/soak.py --minutes 360
 --json soak.json &``, then ``python bench/soak.py --report soak.json``. ``--tracemalloc DIR``: every process of the
 swarm writes the Python allocation sites that grew most to DIR (what to look at when a slope is not flat).
@@ -30,8 +33,9 @@ A killed node's processes (its DHT process and libp2p daemon) must end with it: 
 listed at every minute (``left_behind``).
 
 JSON: ``{"minutes", "samples": [{"minute", "val_bpc", "left_behind": [pid], "processes": [{"who", "pid",
-"uss_bytes", "rss_bytes", "fds", "threads"}]}], "slopes": [{"who", "uss_mb_per_hour", "uss_percent_per_hour",
-"robust_percent_per_hour", "rss_mb", "robust_rss_percent_per_hour", "fds_per_hour", "threads_per_hour"}],
+"uss_bytes", "rss_bytes", "uss_floor_bytes", "rss_floor_bytes", "fds", "threads"}]}], "slopes": [{"who",
+"uss_mb_per_hour", "uss_percent_per_hour", "robust_percent_per_hour", "floor_percent_per_hour",
+"floor_rss_percent_per_hour", "rss_mb", "robust_rss_percent_per_hour", "fds_per_hour", "threads_per_hour"}],
 "events": [[minute, what]], "meta"}``.
 """
 
@@ -92,6 +96,28 @@ def sample(swarm: Swarm, nodes: dict) -> list[dict]:
     return out
 
 
+class Floors:
+    """The least USS and RSS each process held since the last minute's sample, read every few seconds."""
+
+    def __init__(self):
+        self.least: dict[int, tuple[int, int]] = {}
+
+    def read(self, swarm: Swarm, nodes: dict) -> list[dict]:
+        processes = sample(swarm, nodes)
+        for p in processes:
+            uss, rss = self.least.get(p["pid"], (p["uss_bytes"], p["rss_bytes"]))
+            self.least[p["pid"]] = (min(uss, p["uss_bytes"]), min(rss, p["rss_bytes"]))
+        return processes
+
+    def minute(self, swarm: Swarm, nodes: dict) -> list[dict]:
+        """This minute's sample of every process, with its floors since the last; the floors start again."""
+        processes = self.read(swarm, nodes)
+        for p in processes:
+            p["uss_floor_bytes"], p["rss_floor_bytes"] = self.least[p["pid"]]
+        self.least.clear()
+        return processes
+
+
 def slope(points: list[tuple[float, float]]) -> float:
     """Least-squares slope of (minute, value) points, per hour."""
     if len(points) < 2:
@@ -129,12 +155,20 @@ def slopes(samples: list[dict], settle: float) -> list[dict]:
         mean_mb = sum(p["uss_bytes"] for _, p in points) / len(points) / 2**20
         rss = [(m, p.get("rss_bytes", 0) / 2**20) for m, p in points]
         mean_rss = sum(v for _, v in rss) / len(rss)
+        floor = [(m, p.get("uss_floor_bytes", p["uss_bytes"]) / 2**20) for m, p in points]
+        floor_rss = [(m, p.get("rss_floor_bytes", p.get("rss_bytes", 0)) / 2**20) for m, p in points]
+        mean_floor = sum(v for _, v in floor) / len(floor)
+        mean_floor_rss = sum(v for _, v in floor_rss) / len(floor_rss)
         out.append(dict(who=who, pid=pid, comm=points[-1][1]["comm"], minutes=len(points),
                         rss_mb=round(rss[-1][1], 1),
                         robust_rss_percent_per_hour=round(100 * robust_slope(rss) / mean_rss, 2) if mean_rss else 0.0,
                         uss_mb=round(points[-1][1]["uss_bytes"] / 2**20, 1), uss_mb_per_hour=round(uss, 2),
                         uss_percent_per_hour=round(100 * uss / mean_mb, 2) if mean_mb else 0.0,
                         robust_percent_per_hour=round(100 * robust / mean_mb, 2) if mean_mb else 0.0,
+                        floor_mb=round(floor[-1][1], 1),
+                        floor_percent_per_hour=round(100 * robust_slope(floor) / mean_floor, 2) if mean_floor else 0.0,
+                        floor_rss_percent_per_hour=(round(100 * robust_slope(floor_rss) / mean_floor_rss, 2)
+                                                    if mean_floor_rss else 0.0),
                         fds_per_hour=round(slope([(m, p["fds"]) for m, p in points]), 2),
                         threads_per_hour=round(slope([(m, p["threads"]) for m, p in points]), 2)))
     return out
@@ -154,7 +188,8 @@ def run(args) -> dict:
         wait_for(lambda: all((work / n / "status.json").exists() for n in NODES), 300, interval=1.0,
                  what="the nodes to train", procs=list(nodes.values()))
         started = time.monotonic()
-        next_sample, next_disturb = 0.0, args.disturb_every
+        next_sample, next_disturb, next_floor = 0.0, args.disturb_every, 0.0
+        floors = Floors()
         gone: set[int] = set()  # the processes of every node-2 killed: each must have ended with it
         while (minute := (time.monotonic() - started) / 60) < args.minutes:
             if minute >= next_disturb:
@@ -171,11 +206,14 @@ def run(args) -> dict:
                 next_sample += 1.0
                 left = sorted(p for p in gone if Path(f"/proc/{p}").exists() and process_figures(p))
                 results["samples"].append(dict(minute=round(minute, 2), val_bpc=latest_bpc(swarm),
-                                               processes=sample(swarm, nodes), left_behind=left))
+                                               processes=floors.minute(swarm, nodes), left_behind=left))
                 results["slopes"] = slopes(results["samples"], args.settle)
                 write_json(args.json, results)
                 print(f"minute {minute:.0f}: val {results['samples'][-1]['val_bpc']} BPC, "
                       f"{len(results['samples'][-1]['processes'])} processes", flush=True)
+            elif time.monotonic() >= next_floor:
+                floors.read(swarm, nodes)
+            next_floor = time.monotonic() + args.floor_every
             for name, proc in nodes.items():
                 if not proc.alive():
                     raise RuntimeError(f"{name} exited (code {proc.popen.returncode}); logs in {work}")
@@ -186,11 +224,13 @@ def run(args) -> dict:
 
 def report(results: dict) -> None:
     print_table(f"soak: {results['minutes']} minutes, slopes after the first {results.get('settle', 10)}",
-                ["process", "command", "minutes", "USS MB", "MB / hour", "% / hour", "robust % / hour", "RSS MB",
-                 "RSS robust % / hour", "fds / hour", "threads / hour"],
+                ["process", "command", "minutes", "USS MB", "MB / hour", "% / hour", "robust % / hour", "floor MB",
+                 "floor % / hour", "RSS MB", "RSS robust % / hour", "RSS floor % / hour", "fds / hour",
+                 "threads / hour"],
                 [[s["who"], s["comm"], s["minutes"], s["uss_mb"], s["uss_mb_per_hour"], s["uss_percent_per_hour"],
-                  s.get("robust_percent_per_hour", ""), s.get("rss_mb", ""), s.get("robust_rss_percent_per_hour", ""),
-                  s["fds_per_hour"], s["threads_per_hour"]]
+                  s.get("robust_percent_per_hour", ""), s.get("floor_mb", ""), s.get("floor_percent_per_hour", ""),
+                  s.get("rss_mb", ""), s.get("robust_rss_percent_per_hour", ""),
+                  s.get("floor_rss_percent_per_hour", ""), s["fds_per_hour"], s["threads_per_hour"]]
                  for s in results["slopes"]])
     bpcs = [(s["minute"], s["val_bpc"]) for s in results["samples"] if s["val_bpc"] is not None]
     if bpcs:
@@ -204,12 +244,14 @@ def write_markdown(path: Optional[str], results: dict) -> None:
     lines = [f"# Soak: `bench/soak.py`, {results['minutes']} minutes", "",
              f"- `{m.get('command', '')}` at commit {m.get('commit', '?')}, {m.get('date', '')}, {m.get('machine', '')}",
              f"- disturbances: {len(results['events'])} ({', '.join(e[1] for e in results['events'][:2])}, ...)",
-             "", "| process | command | minutes | USS MB | MB / hour | % / hour | robust % / hour | RSS MB | "
-             "RSS robust % / hour | fds / hour | threads / hour |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| process | command | minutes | USS MB | MB / hour | % / hour | robust % / hour | floor MB | "
+             "floor % / hour | RSS MB | RSS robust % / hour | RSS floor % / hour | fds / hour | threads / hour |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {s['who']} | {s['comm']} | {s['minutes']} | {s['uss_mb']} | {s['uss_mb_per_hour']} | "
-              f"{s['uss_percent_per_hour']} | {s.get('robust_percent_per_hour', '')} | {s.get('rss_mb', '')} | "
-              f"{s.get('robust_rss_percent_per_hour', '')} | {s['fds_per_hour']} | "
-              f"{s['threads_per_hour']} |" for s in results["slopes"]]
+              f"{s['uss_percent_per_hour']} | {s.get('robust_percent_per_hour', '')} | {s.get('floor_mb', '')} | "
+              f"{s.get('floor_percent_per_hour', '')} | {s.get('rss_mb', '')} | "
+              f"{s.get('robust_rss_percent_per_hour', '')} | {s.get('floor_rss_percent_per_hour', '')} | "
+              f"{s['fds_per_hour']} | {s['threads_per_hour']} |" for s in results["slopes"]]
     bpcs = [(s["minute"], s["val_bpc"]) for s in results["samples"] if s["val_bpc"] is not None]
     lines += ["", "Validation BPC by minute: " + ", ".join(f"{mi:.0f}: {b:.3f}" for mi, b in bpcs), "",
               "A 6-hour run: `nohup python bench/soak.py --minutes 360 --json soak.json --markdown soak.md &`; "
@@ -221,6 +263,8 @@ def main() -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--minutes", type=float, default=45.0)
     parser.add_argument("--disturb-every", type=float, default=10.0, help="minutes between a restart and a freeze")
+    parser.add_argument("--floor-every", type=float, default=10.0,
+                        help="seconds between the reads that find each minute's least memory")
     parser.add_argument("--settle", type=float, default=10.0, help="minutes left out of the slopes")
     parser.add_argument("--json", default=None)
     parser.add_argument("--markdown", default=None)

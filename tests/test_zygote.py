@@ -40,10 +40,11 @@ def gone(pid: int, timeout: float = 30.0) -> bool:
 
 
 @pytest.fixture
-def zygote(tmp_path):
-    z = Zygote(tmp_path / "zygote.log")
-    yield z
-    z.close()
+def zygote(node_zygote):
+    """The worker's zygote, which the swarm tests fork from too: these tests must leave it as they found it (the
+    test that closes one starts its own)."""
+    assert node_zygote.popen.poll() is None, "an earlier test ended the worker's zygote"
+    return node_zygote
 
 
 def test_a_forked_command_runs_as_the_cli_would_and_reports_its_exit_code(zygote, tmp_path):

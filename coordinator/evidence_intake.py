@@ -3,7 +3,7 @@
 
 The upload is hostile input until the validator has checked it: the first chunk must name a known node with its
 session and the very round the validator asked that node for, the whole may hold no more bytes than the run's model
-needs (:func:`cotrain.verification.evidence.evidence_bytes`) and must arrive within :data:`UPLOAD_DEADLINE_S`.
+needs (:meth:`cotrain.coordinator.validation.Validator.max_evidence_bytes`) and must arrive within :data:`UPLOAD_DEADLINE_S`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Awaitable, Callable
 import grpc
 
 from cotrain.v1 import coordinator_pb2 as pb
-from cotrain.verification.evidence import evidence_bytes
 from cotrain.verification.witness import PartSeen
 
 from cotrain.coordinator.validation import Candidate, Validator
@@ -48,7 +47,7 @@ async def take_evidence(requests, context, *, validator: Validator | None,
     """Read the upload from ``requests`` and queue it with ``validator``. ``session(node_id, session, context)``
     checks the caller (it aborts UNAUTHENTICATED); ``who(node_id)``: the node as the coordinator knows it."""
     node, round_number, data, started = None, 0, bytearray(), clock()
-    limit = evidence_bytes(validator.scorer.numel) if validator is not None else 0
+    limit = validator.max_evidence_bytes() if validator is not None else 0
     async for chunk in requests:
         if node is None:
             node = await session(chunk.node_id, chunk.session, context)

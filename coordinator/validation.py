@@ -16,7 +16,9 @@ thread then checks it, in order:
    :attr:`Validator.witness_wait_s` after the evidence came, for those heartbeats;
 4. the bytes the node says it read lie in work units it was given;
 5. the contribution lowers the loss on those bytes, and does not raise a random unit's by much
-   (:func:`~cotrain.verification.score.loss_score`, with the round's global parameters from the evidence).
+   (:func:`~cotrain.verification.score.loss_score`, with the round's global parameters from the evidence);
+6. for a share of the checks (``verification.replay_rate``), the round's local steps, replayed from the trace the
+   evidence carries, lead to the contribution (:class:`~cotrain.coordinator.replay_check.ReplayCheck`).
 
 Each verdict goes into the reputation :class:`~cotrain.verification.reputation.Book` (kept in the store through
 ``save``); :meth:`weight` is what the node's credential carries into aggregation, and a node the book says to
@@ -45,9 +47,10 @@ from cotrain.data import Corpus
 from cotrain.models import build_model
 from cotrain.verification import score as scoring
 from cotrain.verification.commitment import decode_commitment, matches, verify_commitment
-from cotrain.verification.evidence import EvidenceError, decode_evidence, merged
+from cotrain.verification.evidence import EvidenceError, decode_evidence, evidence_bytes, merged
 from cotrain.verification.reputation import Book, weight_multiplier
 from cotrain.verification.witness import MAX_PARTS_SEEN, PartSeen, binding, check_part_seen, part_signed
+from cotrain.coordinator.replay_check import READS, ReplayCheck
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +71,6 @@ COPY = "copy"
 SAVE_EVERY_S = 5.0
 #: the least weight a credential carries: a node whose reputation says less is suspended, not weighted
 MIN_WEIGHT = 1e-3
-READS = "reads"
 BOUND = "bound"
 #: (member, round) whose reducers' reports are remembered: the rounds of every node over the last minutes, longer
 #: than evidence waits to be checked
@@ -193,6 +195,7 @@ class Validator(threading.Thread):
         #: heartbeat after the round, twice over (None: from the run's heartbeat interval)
         self.witness_wait_s = 2 * cfg.coordinator.heartbeat_interval_s + 1 if witness_wait_s is None else witness_wait_s
         self.scorer = Scorer(cfg, corpus)
+        self.replay = ReplayCheck(cfg, corpus.read, self.rng)
         self.book = book or Book()
         #: keeps the book (its plain dict) in the coordinator's store: at most every SAVE_EVERY_S, and at once when a
         #: node is suspended
@@ -310,6 +313,11 @@ class Validator(threading.Thread):
             return "the validator is busy: ask again later"
         return ""
 
+    def max_evidence_bytes(self) -> int:
+        """The most bytes a node's evidence of a round takes in this run (with its trace, where rounds are replayed):
+        an upload past it is refused as it comes."""
+        return evidence_bytes(self.scorer.numel) + self.replay.max_bytes
+
     def weight(self, node_id: str) -> float:
         """The weight the node's checks give it in aggregation, in (0, 1] (a suspended node is revoked instead)."""
         now = self.now()
@@ -368,7 +376,7 @@ class Validator(threading.Thread):
             return Check(who.node_id, round_number, False, what, reason, 1.0)
 
         try:
-            ev = decode_evidence(data, self.scorer.numel)
+            ev = decode_evidence(data, self.scorer.numel, self.replay.decoder, self.replay.max_bytes)
         except EvidenceError as e:
             return failed(scoring.MALFORMED, str(e))
         if ev.round != round_number:
@@ -399,6 +407,8 @@ class Validator(threading.Thread):
             result = self.scorer.score(ev.params, ev.contribution, own, other)
         except ValueError as e:  # the global parameters in the evidence give no finite loss
             return failed(scoring.MALFORMED, f"evidence.params: {e}")
+        if result.passed and self.replay.drawn():
+            result = self.replay.check(ev, given)
         return Check(who.node_id, round_number, result.passed, result.failed, result.reason, check_weight(result))
 
     def record(self, who: Candidate, check: Check) -> None:

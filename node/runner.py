@@ -30,6 +30,7 @@ from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
 from cotrain.verification.evidence import EvidenceKeeper
+from cotrain.verification.replay import not_replayable
 from cotrain.node.data_plane import start_data_plane
 from cotrain.node.identity import NodeIdentity
 from cotrain.node.heartbeat import heartbeat_loop
@@ -145,7 +146,8 @@ class Node:
         opt_cfg = cfg.optimizer
         optimizer = build_optimizer(model, opt_cfg)
         # verification.enabled: each round's evidence, kept for the coordinator's validator
-        self.evidence = (EvidenceKeeper(record_key, response.run.run_id, str(dht.peer_id))
+        self.evidence = (EvidenceKeeper(record_key, response.run.run_id, str(dht.peer_id),
+                                        traced=cfg.verification.replay_rate > 0 and not not_replayable(cfg))
                          if cfg.verification.enabled else None)
         try:
             self.averaging = build_strategy(model, optimizer, dht, response.run.run_id, cfg, peer_id=str(dht.peer_id),
@@ -206,6 +208,8 @@ class Node:
         status_file = StatusFile(self.options.state_dir / "status.json", self._status) if self.options.state_dir \
             else None
         record = StepRecord(self.options.step_record) if self.options.step_record else None
+        tracer = self.evidence.recorder if self.evidence is not None else None
+        params = list(model.parameters())
         self.metrics.started = started
         status = TerminalStatus()
         idle = IdleMonitor(OtherProcessesLoad()) if self.options.only_when_idle else None
@@ -247,6 +251,8 @@ class Node:
             lr = opt_cfg.lr * lr_factor(schedule, at)
             for group in optimizer.param_groups:
                 group["lr"] = lr
+            if tracer is not None:  # a validator's replay of the round (verification.replay_rate)
+                tracer.before_step(position.round, position.steps, params, optimizer, state, lr, batches.last_ranges())
             if record is not None:
                 record.step(position.round, position.steps, at, lr)
             with precision.autocast():

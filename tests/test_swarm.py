@@ -298,8 +298,10 @@ def test_a_byzantine_node_is_caught_by_the_validator_while_centered_clip_holds_i
     # backwards: bench/byzantine.py shows the loss exploding) and shows the validator its honest one, which passes the
     # loss score. CenteredClip clips it to the honest ones; the validator, checking every round's evidence against
     # what the round's reducers took in (their heartbeats), finds another contribution than the group's and revokes it
+    # every check that passes the loss score replays the round too: the nodes' traces, recorded by their training
+    # loops, must replay to what they sent (with dropout: tests/test_verification_trace.py)
     cfg = tiny_config(corpus_file, averaging={"aggregation": "centered_clip"},
-                      verification={"enabled": True, "sample_rate": 1.0})
+                      verification={"enabled": True, "sample_rate": 1.0, "replay_rate": 1.0})
     with Swarm(cfg, tmp_path, zygote=node_zygote) as coordinator:
         nodes = [coordinator.start_node(f"node-{i}", state_dir=tmp_path / "nodes" / f"node-{i}",
                                         extra=["--threads", "1", "--wait-peers", "3",
@@ -326,6 +328,7 @@ def test_a_byzantine_node_is_caught_by_the_validator_while_centered_clip_holds_i
     for name in ("node-0", "node-1"):  # checked too, and never failed a check that counts
         v = final[name].verification
         assert v.checks >= 1 and not v.suspended and v.reputation == 1.0, (name, v)
+        assert "passed: replayed" in v.reason, (name, v)
     assert_learned(cfg, load_checkpoint(tmp_path / "nodes" / "node-0" / "last.safetensors").model_state())
 
 

@@ -1,7 +1,8 @@
 """The coordinator's validator on a real (tiny) model and corpus: an honest contribution passes, a free rider's,
 a scaled one's and noise fail, evidence not signed by the node's record key fails before any scoring; repeated
 failures suspend the node; a node is asked for a round's evidence at most once; evidence other than what the node's
-reducers took in fails."""
+reducers took in fails; a round replayed from its trace passes when honest and fails when shifted (ALIE), which the
+loss score lets through."""
 
 import random
 
@@ -13,8 +14,11 @@ from hivemind.utils.crypto import RSAPrivateKey
 from cotrain.coordinator.validation import BOUND, Candidate, Validator, spread_windows
 from cotrain.coordinator.workunits import plan_ranges
 from cotrain.data import Corpus
+from cotrain.averaging.attacks import make_attack
 from cotrain.models import build_model
+from cotrain.optim import build_optimizer
 from cotrain.verification.evidence import EvidenceKeeper
+from cotrain.verification.trace import TraceRecorder
 from cotrain.verification.witness import MAX_PARTS_SEEN, PartSeen, part_digest, part_statement
 
 from tiny_swarm import tiny_config
@@ -24,30 +28,36 @@ RUN, PEER = "run-1-0123abcd", "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 
 @pytest.fixture(scope="module")
 def setting(corpus_file):
-    cfg = tiny_config(corpus_file, verification={"enabled": True, "sample_rate": 1.0})
+    # replays are drawn only where a test asks for them (replay_rate 1.0)
+    cfg = tiny_config(corpus_file, verification={"enabled": True, "sample_rate": 1.0, "replay_rate": 0.0})
     corpus = Corpus.from_source(str(corpus_file), 0, cfg.data.val_fraction)
     ranges = plan_ranges(corpus.train.start, corpus.train.end, 16384, 1024)
     torch.manual_seed(0)
     model = build_model(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    opt = build_optimizer(model, cfg.optimizer)
+    params = list(model.parameters())
 
-    def train(unit, steps):
+    def train(unit, steps, recorder=None):
         for step in range(steps):
             offsets = [unit[0] + (unit[1] - unit[0] - 33) * k // 8 + step * 33 % 512 for k in range(8)]
+            if recorder is not None:  # the node's record of its round (the state is not carried here)
+                recorder.before_step(3, step, params, opt, None, cfg.optimizer.lr, [(o, o + 33) for o in offsets])
             rows = [torch.frombuffer(bytearray(corpus.read(o, 33)), dtype=torch.uint8) for o in offsets]
             batch = torch.stack(rows).long()
             logits, _ = model(batch[:, :-1], None)
             loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
             opt.zero_grad()
             loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.optimizer.grad_clip)
             opt.step()
 
     for unit in ranges[2:8]:  # the swarm's rounds so far, on other units
         train(unit, 40)
     start = [p.detach().clone() for p in model.parameters()]
-    train(ranges[0], 30)  # an honest node's round: 30 steps on its own unit, the first one
+    recorder = TraceRecorder()
+    train(ranges[0], 30, recorder)  # an honest node's round: 30 steps on its own unit, the first one
     honest = torch.cat([(s - p.detach()).reshape(-1) for s, p in zip(start, model.parameters())])
-    return cfg, corpus, ranges, start, honest
+    return cfg, corpus, ranges, start, honest, recorder
 
 
 @pytest.fixture(scope="module")
@@ -55,14 +65,17 @@ def key():
     return RSAPrivateKey()
 
 
-def validator(setting, rng_seed=0):
-    cfg, corpus, ranges, _, _ = setting
+def validator(setting, rng_seed=0, replay_rate=0.0):
+    cfg, corpus, ranges = setting[:3]
+    cfg = cfg.model_copy(update={"verification": cfg.verification.model_copy(update={"replay_rate": replay_rate})})
     return Validator(cfg, RUN, corpus, own_units=lambda node_id: [[ranges[0]]], all_units=[[r] for r in ranges],
                      rng=random.Random(rng_seed), now=lambda: 1000.0)
 
 
-def evidence(key, setting, contribution, round_number=3, reads=()):
-    keeper = EvidenceKeeper(key, RUN, PEER)
+def evidence(key, setting, contribution, round_number=3, reads=(), traced=False):
+    keeper = EvidenceKeeper(key, RUN, PEER, traced=traced)
+    if traced:
+        keeper.recorder = setting[5]
     keeper.note_read(reads)
     keeper.keep(round_number, "hash", setting[3], contribution)
     return keeper.encoded(round_number)
@@ -91,6 +104,19 @@ def test_attacks_fail_the_loss_score(setting, key, attack, failed):
     check = validator(setting).check(who(key), 3, evidence(key, setting, contribution))
     assert not check.passed and check.failed in (failed, "blows_up"), check
     assert check.weight == 1.0
+
+
+def test_a_replayed_round_passes_when_honest_and_fails_when_shifted_as_the_loss_score_does_not(setting, key):
+    honest = setting[4]
+    shifted = make_attack("alie", seed=3)(honest.clone())
+    assert validator(setting).check(who(key), 3, evidence(key, setting, shifted)).passed  # the loss score: a gain
+    check = validator(setting, replay_rate=1.0).check(who(key), 3, evidence(key, setting, honest, traced=True))
+    assert check.passed and "replayed 30 steps" in check.reason, check
+    check = validator(setting, replay_rate=1.0).check(who(key), 3, evidence(key, setting, shifted, traced=True))
+    assert not check.passed and check.failed == "replay" and check.weight == 1.0, check
+    # a replay drawn for evidence without a trace fails: a node of a replayable run always records one
+    check = validator(setting, replay_rate=1.0).check(who(key), 3, evidence(key, setting, honest))
+    assert not check.passed and check.failed == "replay", check
 
 
 def test_the_bytes_a_node_read_are_scored_and_must_lie_in_its_units(setting, key):
@@ -137,7 +163,7 @@ def test_a_failed_check_lowers_the_weight_a_credential_carries(setting, key):
 
 
 def test_a_new_node_is_checked_every_round_then_at_the_sample_rate(setting, key, corpus_file):
-    cfg, corpus, ranges, _, _ = setting
+    cfg, corpus, ranges = setting[:3]
     cfg = cfg.model_copy(update={"verification": cfg.verification.model_copy(
         update={"sample_rate": 0.01, "probation_checks": 2})})
     v = Validator(cfg, RUN, corpus, own_units=lambda node_id: [[ranges[0]]], all_units=[[r] for r in ranges],
@@ -205,7 +231,7 @@ def test_the_book_is_saved_and_a_restarted_coordinator_takes_it_back(setting, ke
     from cotrain.coordinator.server import load_book
 
     saved = []
-    cfg, corpus, ranges, _, _ = setting
+    cfg, corpus, ranges = setting[:3]
     v = Validator(cfg, RUN, corpus, own_units=lambda node_id: [[ranges[0]]], all_units=[[r] for r in ranges],
                   rng=random.Random(0), now=lambda: 1000.0, save=saved.append)
     v.record(who(key), v.check(who(key), 3, evidence(key, setting, torch.zeros_like(setting[4]))))

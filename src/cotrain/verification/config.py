@@ -14,9 +14,9 @@ class VerificationConfig(Section):
     each node's reputation, and revokes a node that keeps failing."""
 
     #: off by default: a check costs the node an upload of its round's evidence (8 bytes a parameter, about what the
-    #: all-reduce sends in a round; at sample_rate 0.5 half a round's worth a round), and shifts too small for the loss
-    #: to show ("a little is enough") need a replay of the round, not built yet. Turn it on for a swarm of strangers:
-    #: bench/verify.py (docs/results/verify.md) measures what it catches and costs
+    #: all-reduce sends in a round; at sample_rate 0.5 half a round's worth a round; 20 with the round's trace for a
+    #: replay). Turn it on for a swarm of strangers: bench/verify.py (docs/results/verify.md) measures what it catches
+    #: and costs
     enabled: bool = False
     #: the chance that a node's latest round is checked when it offers it (about once a round: rounds are longer
     #: than a heartbeat). Each check costs the node an upload of 8 bytes a parameter and the coordinator four forward
@@ -35,3 +35,10 @@ class VerificationConfig(Section):
     #: the lr and as the model learns (bench/verify.py: 7% in a run's first rounds, 0.06% in its last with the lr
     #: decayed), so the bar is "measurably above nothing": zeros, noise, a sign flip or an overshoot remove nothing
     min_gain: float = Field(1e-6, ge=0.0, le=0.5)
+    #: the chance that a check that passed the loss score also replays the round (cotrain.verification.replay: the
+    #: node's local steps run again from its trace, which must lead to its contribution). It catches shifts too small
+    #: for the loss to show ("a little is enough"). A replay costs the coordinator one round of a node's training, so
+    #: at N nodes the validator's share of the swarm's compute is about the checks a round x replay_rate / N. Runs
+    #: whose rounds a trace cannot replay (world models, overlap, optimizers other than AdamW, codecs that leave most
+    #: of an update unsent) are never replayed (the coordinator logs why once)
+    replay_rate: float = Field(0.25, ge=0.0, le=1.0)

@@ -11,11 +11,13 @@ The evidence also names the bytes of the training split the node read since its 
 batches' ranges, merged): the validator checks that they lie in the node's work units and scores the contribution on
 them, where an honest node's update must lower the loss.
 
+With the round's trace (:mod:`cotrain.verification.trace`), a validator can also replay the round's local steps.
+
 Wire format (little-endian; every length bounded, no trailing bytes)::
 
     MAGIC | u64 round | u16 len, state hash (ascii) | u32 len, commitment | u32 n, n x (u64 start, u64 end): reads
           | u64 numel | numel float32: the global parameters, flat, in the model's order | numel float32: the
-          contribution
+          contribution | optional: the trace (its own MAGIC first)
 
 Bytes from a peer are hostile: :func:`decode_evidence` takes the number of values the validator's own model has and
 raises :class:`EvidenceError` naming the field at fault (never anything else).
@@ -27,12 +29,13 @@ import struct
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
 from cotrain.verification.commitment import MAX_COMMITMENT_BYTES, commit, encode_commitment
+from cotrain.verification.trace import Trace, TraceError, TraceRecorder, encode_trace
 from cotrain.verification.witness import MAX_PARTS_SEEN, PartSeen, contribution_bytes
 
 MAGIC = b"CTE1"
@@ -58,6 +61,7 @@ class Evidence:
     params: torch.Tensor  # flat float32: the round's global parameters
     contribution: torch.Tensor  # flat float32: the contribution as the group decoded it
     reads: tuple[tuple[int, int], ...] = ()  # byte ranges of the training split read for it, sorted, disjoint
+    trace: Optional[Trace] = None  # the round's local steps, for a replay (None: not recorded)
 
     @property
     def contribution_bytes(self) -> bytes:
@@ -82,17 +86,24 @@ def encode_evidence(ev: Evidence) -> bytes:
     reads = struct.pack(f"<I{2 * len(ev.reads)}Q", len(ev.reads), *[v for r in ev.reads for v in r])
     return b"".join([MAGIC, struct.pack("<QH", ev.round, len(state_hash)), state_hash,
                      struct.pack("<I", len(ev.commitment)), ev.commitment, reads, struct.pack("<Q", ev.params.numel()),
-                     contribution_bytes(ev.params), ev.contribution_bytes])
+                     contribution_bytes(ev.params), ev.contribution_bytes,
+                     encode_trace(ev.trace) if ev.trace is not None else b""])
 
 
-def decode_evidence(data: bytes, numel: int) -> Evidence:
-    """The evidence in ``data`` (from a peer) for a model of ``numel`` values. The commitment is bounded here, not
-    checked: :func:`cotrain.verification.commitment.verify_commitment` and ``matches`` do that."""
+#: reads a trace from ``data`` at ``pos`` to its end (:meth:`cotrain.verification.replay.Replayer.decode`)
+TraceDecoder = Callable[[memoryview, int], Trace]
+
+
+def decode_evidence(data: bytes, numel: int, trace: Optional[TraceDecoder] = None, trace_bytes: int = 0) -> Evidence:
+    """The evidence in ``data`` (from a peer) for a model of ``numel`` values; a trace after it is read with
+    ``trace`` (of at most ``trace_bytes``; without a decoder, trailing bytes are refused). The commitment is bounded
+    here, not checked: :func:`cotrain.verification.commitment.verify_commitment` and ``matches`` do that."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise EvidenceError(f"evidence: expected bytes, got {type(data).__name__}")
     data = memoryview(bytes(data))
-    if len(data) > evidence_bytes(numel):
-        raise EvidenceError(f"evidence: {len(data)} bytes, at most {evidence_bytes(numel)} for this model")
+    most = evidence_bytes(numel) + (trace_bytes if trace is not None else 0)
+    if len(data) > most:
+        raise EvidenceError(f"evidence: {len(data)} bytes, at most {most} for this model")
     pos = 0
 
     def take(n: int, field: str) -> memoryview:
@@ -127,11 +138,17 @@ def decode_evidence(data: bytes, numel: int) -> Evidence:
         raise EvidenceError(f"evidence.numel: {count} values, this run's model has {numel}")
     params = _floats(take(4 * numel, "params"))
     contribution = _floats(take(4 * numel, "contribution"))
-    if pos != len(data):
+    traced = None
+    if pos != len(data) and trace is not None:
+        try:
+            traced = trace(data, pos)
+        except TraceError as e:
+            raise EvidenceError(str(e)) from None
+    elif pos != len(data):
         raise EvidenceError(f"evidence: {len(data) - pos} trailing bytes")
     if not bool(torch.isfinite(params).all()):
         raise EvidenceError("evidence.params: non-finite values")
-    return Evidence(round_, state_hash, commitment, params, contribution, reads)
+    return Evidence(round_, state_hash, commitment, params, contribution, reads, traced)
 
 
 def _floats(raw: memoryview) -> torch.Tensor:
@@ -159,8 +176,11 @@ class EvidenceKeeper:
     reports that bind their evidence: :mod:`cotrain.verification.witness`). :meth:`keep` runs on the round's thread,
     :meth:`latest`, :meth:`encoded` and :meth:`parts_seen` on the heartbeat's: everything is under one lock."""
 
-    def __init__(self, key, run_id: str, peer_id: str, keep_rounds: int = KEEP_ROUNDS):
+    def __init__(self, key, run_id: str, peer_id: str, keep_rounds: int = KEEP_ROUNDS, traced: bool = False):
+        """``traced``: each round's evidence carries its trace, for a replay: the node's training loop feeds
+        :attr:`recorder` (on the thread that keeps the evidence too: rounds that do not overlap training)."""
         self.key, self.run_id, self.peer_id, self.keep_rounds = key, run_id, peer_id, keep_rounds
+        self.recorder: Optional[TraceRecorder] = TraceRecorder() if traced else None
         self._lock = threading.Lock()
         self._kept: OrderedDict[int, Evidence] = OrderedDict()
         self._reads: list[tuple[int, int]] = []  # read since the last evidence kept, merged
@@ -175,12 +195,14 @@ class EvidenceKeeper:
                         contribution=contribution_bytes(ev_contribution))
         with self._lock:
             reads, self._reads = tuple(self._reads[-MAX_READS:]), []
-            ev = Evidence(round_number, state_hash, encode_commitment(signed), ev_params, ev_contribution, reads)
+            trace = self.recorder.take(round_number) if self.recorder is not None else None
+            ev = Evidence(round_number, state_hash, encode_commitment(signed), ev_params, ev_contribution, reads,
+                          trace)
             self._kept[round_number] = ev
             self._kept.move_to_end(round_number)
             while len(self._kept) > self.keep_rounds:
                 self._kept.popitem(last=False)
-            if seen:
+            if seen and round_number > 0:  # round 0's evidence is asked for by no one, and reports of it are refused
                 self._seen[round_number] = tuple(seen)
                 self._seen.move_to_end(round_number)
                 while len(self._seen) > 2:

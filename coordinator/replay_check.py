@@ -1,8 +1,9 @@
 """The validator's replay of a round (cotrain.verification.replay): the node's local steps run again from the trace
 its evidence carries, on the bytes of its own work units, must lead to the contribution it sent.
 
-A replay costs one round of a node's training on the coordinator's CPU, so only a share of the checks make one
-(``verification.replay_rate``), drawn after the cheaper checks passed, where no node can predict it.
+A replay costs one round of a node's training on the coordinator's CPU, so only some checks make one: those the
+validator says are due (a node's first, and those of a node on probation after a failed check), and a share
+``verification.replay_rate`` of the others, drawn after the cheaper checks passed, where no node can predict it.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ class ReplayCheck:
     def max_bytes(self) -> int:
         return self.replayer.max_trace_bytes(MAX_STEPS) if self.replayer is not None else 0
 
-    def drawn(self) -> bool:
-        return self.replayer is not None and self.rng.random() < self.rate
+    def drawn(self, due: bool = False) -> bool:
+        """Whether this check replays: always when ``due`` (the validator's call), else with ``replay_rate``."""
+        return self.replayer is not None and (due or self.rng.random() < self.rate)
 
     def check(self, ev: Evidence, given: Sequence[tuple[int, int]]) -> scoring.Score:
         """The replay's verdict on ``ev``, whose node was given the byte ranges ``given`` (merged)."""

@@ -3,8 +3,8 @@
 A node with ``verification.enabled`` keeps the evidence of its last rounds (:mod:`cotrain.verification.evidence`)
 and says in each heartbeat which round it holds, with those rounds' signed commitments (:meth:`Validator.
 take_commitments`: a contribution that repeats an earlier one, the node's or another's, fails at once).
-:meth:`Validator.wants` decides whether to ask for the round: every round of a node on probation, then by a draw no
-node can predict; the node uploads it (``SubmitEvidence``) and :meth:`Validator.offer` queues it. The validator's
+:meth:`Validator.wants` decides whether to ask for the round: every round of a node on probation (its first checks,
+and again after a failed one), then by a draw no node can predict; the node uploads it (``SubmitEvidence``) and :meth:`Validator.offer` queues it. The validator's
 thread then checks it, in order:
 
 1. the evidence is well formed and of this run's model (:func:`~cotrain.verification.evidence.decode_evidence`);
@@ -17,8 +17,9 @@ thread then checks it, in order:
 4. the bytes the node says it read lie in work units it was given;
 5. the contribution lowers the loss on those bytes, and does not raise a random unit's by much
    (:func:`~cotrain.verification.score.loss_score`, with the round's global parameters from the evidence);
-6. for a share of the checks (``verification.replay_rate``), the round's local steps, replayed from the trace the
-   evidence carries, lead to the contribution (:class:`~cotrain.coordinator.replay_check.ReplayCheck`).
+6. the round's local steps, replayed from the trace the evidence carries, lead to the contribution
+   (:class:`~cotrain.coordinator.replay_check.ReplayCheck`): a node's first check and every check while it is on
+   probation after a failed one replay, the others with ``verification.replay_rate``.
 
 Each verdict goes into the reputation :class:`~cotrain.verification.reputation.Book` (kept in the store through
 ``save``); :meth:`weight` is what the node's credential carries into aggregation, and a node the book says to
@@ -205,6 +206,7 @@ class Validator(threading.Thread):
         self._offered: dict[str, int] = {}  # node -> the latest round it offered, drawn for or not
         self._requested: dict[str, int] = {}  # node -> the round whose evidence it was asked for, until it came
         self._counts: dict[str, tuple[int, int, str]] = {}  # node -> (checks, fails, last reason)
+        self._since_fail: dict[str, int] = {}  # node -> its checks since its last failed one that counts
         self._suspended: dict[str, str] = {}
         self.refused = 0  # evidence refused before scoring (malformed, unsigned, queue full)
         self.scoring_s = 0.0  # CPU seconds of this thread spent checking
@@ -220,16 +222,28 @@ class Validator(threading.Thread):
     # ---- the service's side (the event loop's thread) ----------------------------------------------------------
     def wants(self, node_id: str, latest: int) -> int:
         """The round whose evidence to ask ``node_id`` for, which holds ``latest``; 0: none. Every new round of a node
-        on probation (fewer than ``probation_checks`` checks), else one drawn with ``sample_rate``."""
+        on probation, else one drawn with ``sample_rate``."""
         with self._lock:
             if latest <= self._offered.get(node_id, 0) or node_id in self._suspended:
                 return 0
             self._offered[node_id] = latest
-            on_probation = self._counts.get(node_id, (0, 0, ""))[0] < self.cfg.verification.probation_checks
-            if not on_probation and not draw(self.rng, self.cfg.verification.sample_rate):
+            if not self._on_probation(node_id) and not draw(self.rng, self.cfg.verification.sample_rate):
                 return 0
             self._requested[node_id] = latest
         return latest
+
+    def _on_probation(self, node_id: str) -> bool:
+        """Fewer than ``probation_checks`` checks, or as many since its last failed check that counts (under the
+        lock): a node that failed is watched every round until it passes that many again."""
+        probation = self.cfg.verification.probation_checks
+        return self._counts.get(node_id, (0, 0, ""))[0] < probation or self._since_fail.get(node_id, probation) < probation
+
+    def _replay_due(self, node_id: str) -> bool:
+        """A node's first check, and its checks on probation after a failed one, replay the round: an attacker from
+        its first round is caught at its first check, and one caught is watched by the replay until it passes."""
+        with self._lock:
+            first = self._counts.get(node_id, (0, 0, ""))[0] == 0
+            return first or node_id in self._since_fail and self._on_probation(node_id)
 
     def take_commitments(self, who: Candidate, encoded: Sequence[bytes]) -> str:
         """The commitments a heartbeat of ``who`` carried (hostile bytes): each new one that is ``who``'s, signed, is
@@ -407,7 +421,7 @@ class Validator(threading.Thread):
             result = self.scorer.score(ev.params, ev.contribution, own, other)
         except ValueError as e:  # the global parameters in the evidence give no finite loss
             return failed(scoring.MALFORMED, f"evidence.params: {e}")
-        if result.passed and self.replay.drawn():
+        if result.passed and self.replay.drawn(self._replay_due(who.node_id)):
             result = self.replay.check(ev, given)
         return Check(who.node_id, round_number, result.passed, result.failed, result.reason, check_weight(result))
 
@@ -420,6 +434,10 @@ class Validator(threading.Thread):
             verdict_words = "passed" if check.passed else "FAILED" if counted else "inconclusive (not counted)"
             self._counts[who.node_id] = (checks + 1, fails + (counted and not check.passed),
                                          f"round {check.round}: {verdict_words}: {check.reason}")
+            if counted and not check.passed:
+                self._since_fail[who.node_id] = 0
+            elif who.node_id in self._since_fail:
+                self._since_fail[who.node_id] += 1
             if check.weight > 0:
                 self.book.record(who.node_id, who.token_name, passed=check.passed, weight=check.weight, now=now,
                                  reason=check.reason)

@@ -119,6 +119,25 @@ def test_a_replayed_round_passes_when_honest_and_fails_when_shifted_as_the_loss_
     assert not check.passed and check.failed == "replay", check
 
 
+def test_a_nodes_first_check_replays_and_so_does_each_after_a_failed_one(setting, key):
+    v = validator(setting, replay_rate=1e-9)  # no replay by the draw
+    honest = evidence(key, setting, setting[4], traced=True)
+    first = v.check(who(key), 3, honest)
+    v.record(who(key), first)
+    second = v.check(who(key), 3, honest)
+    v.record(who(key), second)
+    assert "replayed" in first.reason and first.passed and second.passed and "replayed" not in second.reason
+    failed = v.check(who(key), 3, evidence(key, setting, setting[4] * 10, traced=True))
+    v.record(who(key), failed)
+    assert not failed.passed and failed.weight == 1.0
+    assert v.wants("node-a", 10) == 10  # on probation again: asked every round
+    for _ in range(setting[0].verification.probation_checks):  # every check on probation replays
+        check = v.check(who(key), 3, honest)
+        v.record(who(key), check)
+        assert check.passed and "replayed" in check.reason, check
+    assert "replayed" not in v.check(who(key), 3, honest).reason  # probation over: back to the draw
+
+
 def test_the_bytes_a_node_read_are_scored_and_must_lie_in_its_units(setting, key):
     own = setting[2][0]
     read = [(own[0] + 1000, own[0] + 3000)]

@@ -35,10 +35,12 @@ class VerificationConfig(Section):
     #: the lr and as the model learns (bench/verify.py: 7% in a run's first rounds, 0.06% in its last with the lr
     #: decayed), so the bar is "measurably above nothing": zeros, noise, a sign flip or an overshoot remove nothing
     min_gain: float = Field(1e-6, ge=0.0, le=0.5)
-    #: the chance that a check that passed the loss score also replays the round (cotrain.verification.replay: the
-    #: node's local steps run again from its trace, which must lead to its contribution). It catches shifts too small
-    #: for the loss to show ("a little is enough"). A replay costs the coordinator one round of a node's training, so
-    #: at N nodes the validator's share of the swarm's compute is about the checks a round x replay_rate / N. Runs
-    #: whose rounds a trace cannot replay (world models, overlap, optimizers other than AdamW, codecs that leave most
-    #: of an update unsent) are never replayed (the coordinator logs why once)
-    replay_rate: float = Field(0.25, ge=0.0, le=1.0)
+    #: replaying rounds (cotrain.verification.replay: the node's local steps run again from its trace must lead to
+    #: its contribution) catches shifts too small for the loss to show ("a little is enough"). A node's first check
+    #: replays, and so does every check of a node on probation after a failed one; replay_rate is the chance that
+    #: any other check that passed the loss score replays too. A replay costs the coordinator one round of a node's
+    #: training: at sample_rate s the validator spends about s x replay_rate of the swarm's compute on them, and an
+    #: attacker that starts after its first check is replayed s x replay_rate of its rounds. 0: no replays (nodes
+    #: record no traces). Runs whose rounds a trace cannot replay (world models, overlap, optimizers other than
+    #: AdamW, codecs that leave most of an update unsent) are never replayed (the coordinator logs why once)
+    replay_rate: float = Field(0.1, ge=0.0, le=1.0)

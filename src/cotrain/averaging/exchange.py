@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 
 
-async def _daemon_listen_maddr(_dht: DHT, node) -> Multiaddr:
+async def daemon_listen_maddr(_dht: DHT, node) -> Multiaddr:
     """Where the DHT's libp2p daemon listens for its clients (run in the DHT's process)."""
     return node.p2p.daemon_listen_maddr
 
@@ -73,7 +73,7 @@ class Exchange:
         # a replica of our own, made on this loop: hivemind's dht.replicate_p2p() hands every caller in a process
         # the same one, whose persistent connection to the daemon (unary calls and handlers) lives on the loop of
         # whoever made it first; a second exchange on the same DHT waited on it forever
-        p2p = await P2P.replicate(dht.run_coroutine(_daemon_listen_maddr))
+        p2p = await P2P.replicate(dht.run_coroutine(daemon_listen_maddr))
         await p2p.add_protobuf_handler(self.handler_name, self.serving.serve, pb.FetchRequest, stream_output=True)
         await p2p.add_protobuf_handler(self.unary_name, self.serving.serve_unary, pb.FetchRequest)
         return p2p

@@ -79,3 +79,27 @@ class SignedRevocations(_message.Message):
     body: bytes
     signature: bytes
     def __init__(self, body: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class ExpertCall(_message.Message):
+    __slots__ = ("credential", "uid", "backward", "shape", "inputs", "grad_outputs")
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    GRAD_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    credential: bytes
+    uid: str
+    backward: bool
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    inputs: bytes
+    grad_outputs: bytes
+    def __init__(self, credential: _Optional[bytes] = ..., uid: _Optional[str] = ..., backward: _Optional[bool] = ..., shape: _Optional[_Iterable[int]] = ..., inputs: _Optional[bytes] = ..., grad_outputs: _Optional[bytes] = ...) -> None: ...
+
+class ExpertAnswer(_message.Message):
+    __slots__ = ("refused", "values")
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    refused: str
+    values: bytes
+    def __init__(self, refused: _Optional[str] = ..., values: _Optional[bytes] = ...) -> None: ...

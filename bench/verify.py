@@ -10,7 +10,8 @@ CenteredClip (the default aggregation).
 One node is started with ``--attack NAME`` (:mod:`cotrain.averaging.attacks`): ``zero`` (a free rider), ``random``
 (noise 10x its norm), ``stale`` (its previous round's update), ``scale`` (x10), ``sign_flip`` (x-10), ``alie``
 ("a little is enough": a shift below the clipping radius), ``equivocate`` (its group gets x-10, its evidence shows
-the honest update: only the binding to what its reducers took in catches it). The clean row has no attacker.
+the honest update: only the binding to what its reducers took in catches it), ``other_data`` (honest training on
+its batches' bytes through a fixed permutation: another text than its units'). The clean row has no attacker.
 
 While the row runs, the coordinator's health is read every second. Per row:
 
@@ -40,7 +41,7 @@ from cotrain.cli.local_swarm import Swarm  # noqa: E402
 from cotrain.config import ATTACKS  # noqa: E402
 from cotrain.evaluation import evaluate_state  # noqa: E402
 
-VERIFY_ATTACKS = ("zero", "random", "stale", "scale", "sign_flip", "alie", "equivocate")
+VERIFY_ATTACKS = ("zero", "random", "stale", "scale", "sign_flip", "alie", "equivocate", "other_data")
 
 
 def one_row(args, attack: str) -> dict:

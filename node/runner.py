@@ -29,6 +29,7 @@ from cotrain.optim.schedule import Schedule, lr_factor
 from cotrain.tasks import build_task
 from cotrain.v1 import coordinator_pb2 as pb
 
+from cotrain.averaging.attacks import OTHER_DATA, other_data
 from cotrain.verification.evidence import EvidenceKeeper
 from cotrain.verification.replay import not_replayable
 from cotrain.node.data_plane import start_data_plane
@@ -237,6 +238,8 @@ class Node:
                 if self.stop.is_set():
                     break
             batch, reset_state = batches.next()
+            if self.options.attack == OTHER_DATA:  # a bench's attacker: it trains on other data than its units'
+                batch = other_data(batch)
             if self.evidence is not None and hasattr(batches, "last_ranges"):  # what a validator scores it on
                 self.evidence.note_read(batches.last_ranges())
             if reset_state:

@@ -26,3 +26,13 @@ def test_alie_shifts_every_value_a_little_in_one_fixed_direction():
     direction = torch.sign(shifted - v)
     w = torch.randn(10_000)
     assert torch.equal(torch.sign(alie(w) - w)[w != 0], direction[w != 0])  # the same signs every round
+
+
+def test_other_data_is_the_same_text_in_another_alphabet_every_time():
+    from cotrain.averaging.attacks import other_data
+
+    x = torch.arange(256).view(4, 64)
+    a, b = other_data((x, x + 0))[0], other_data((x,))[0]
+    assert torch.equal(a, b) and not torch.equal(a, x)
+    assert sorted(a.flatten().tolist()) == list(range(256))  # a bijection of the bytes
+    assert torch.equal(make_attack("other_data")(x.float()), x.float())  # its contribution is its training's

@@ -18,7 +18,7 @@ from cotrain.verification.config import VerificationConfig
 
 
 #: byzantine behaviours a node can be started with, for benches and tests (cotrain.averaging.attacks)
-ATTACKS = ("scale", "sign_flip", "random", "zero", "stale", "alie", "equivocate")
+ATTACKS = ("scale", "sign_flip", "random", "zero", "stale", "alie", "equivocate", "other_data")
 
 
 class RunSection(_Section):

@@ -18,7 +18,10 @@ and those a verifier of contributions must catch (docs/design/verification.md, b
   norm grows by about 12% only and it stays inside any clipping radius;
 - ``equivocate``: the group gets ``sign_flip``'s contribution while the node's evidence for a validator shows its
   honest one (:meth:`cotrain.averaging.reduction.Reduction.shown`): what binding the evidence to what the reducers
-  took in catches (:mod:`cotrain.verification.witness`).
+  took in catches (:mod:`cotrain.verification.witness`);
+- ``other_data``: its contribution is honest training, on other data than its work units (:func:`other_data`: its
+  batches' bytes through a fixed permutation, a text of the same statistics in another alphabet, as content one
+  would inject), while its evidence names its units' rows.
 
 A byzantine *reducer* (corrupting the averages it sends back in the butterfly all-reduce) is not among them:
 defending against it needs BTARD's verification, which cotrain does not do.
@@ -38,9 +41,18 @@ ALIE_Z = 0.5
 
 Attack = Callable[[torch.Tensor], torch.Tensor]
 EQUIVOCATE = "equivocate"
+OTHER_DATA = "other_data"
+
+
+def other_data(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """A byte-level batch in another alphabet: every byte through one permutation of the 256, fixed for all runs."""
+    permutation = torch.randperm(256, generator=torch.Generator().manual_seed(256))
+    return tuple(permutation[t] for t in batch)
 
 
 def make_attack(name: str, seed: int = 0, strength: float = ATTACK_STRENGTH) -> Attack:
+    if name == OTHER_DATA:  # an honest contribution of dishonest training (the node's loop reads other data)
+        return lambda v: v
     if name == "scale":
         return lambda v: v * strength
     if name in ("sign_flip", EQUIVOCATE):

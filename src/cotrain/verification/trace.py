@@ -165,6 +165,16 @@ class _Reader:
             raise TraceError(f"evidence.trace.{field}: non-finite values")
         return values
 
+    def tensors(self, field: str, numels: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        """A count, then that many tensors of ``numels``' sizes: none of them, or all."""
+        (k,) = self.unpack("<I", field)
+        if k not in (0, len(numels)):
+            raise TraceError(f"evidence.trace.{field}: {k} tensors, expected 0 or {len(numels)}")
+        out = tuple(self.floats(f"{field}[{j}]", m) for j, m in enumerate(numels[:k]))
+        if any(t.numel() != m for t, m in zip(out, numels)):
+            raise TraceError(f"evidence.trace.{field}: sizes {[t.numel() for t in out]}, expected {list(numels)}")
+        return out
+
 
 def decode_trace(data: memoryview, pos: int, numel: int, optimizer_numels: Sequence[Sequence[int]],
                  carried_numels: Sequence[int], max_rows: int = MAX_ROWS) -> Trace:
@@ -180,23 +190,8 @@ def decode_trace(data: memoryview, pos: int, numel: int, optimizer_numels: Seque
     (n,) = r.unpack("<I", "optimizer")
     if n != len(optimizer_numels):
         raise TraceError(f"evidence.trace.optimizer: {n} parameters, the optimizer has {len(optimizer_numels)}")
-    optimizer = []
-    for i, numels in enumerate(optimizer_numels):
-        (k,) = r.unpack("<I", f"optimizer[{i}]")
-        if k not in (0, len(numels)):
-            raise TraceError(f"evidence.trace.optimizer[{i}]: {k} tensors, expected 0 or {len(numels)}")
-        tensors = tuple(r.floats(f"optimizer[{i}][{j}]", m) for j, m in enumerate(numels[:k]))
-        if any(t.numel() != m for t, m in zip(tensors, numels)):
-            raise TraceError(f"evidence.trace.optimizer[{i}]: sizes {[t.numel() for t in tensors]}, expected "
-                             f"{list(numels)}")
-        optimizer.append(tensors)
-    (c,) = r.unpack("<I", "carried")
-    if c not in (0, len(carried_numels)):
-        raise TraceError(f"evidence.trace.carried: {c} tensors, expected 0 or {len(carried_numels)}")
-    carried = tuple(r.floats(f"carried[{j}]", m) for j, m in enumerate(carried_numels[:c]))
-    if any(t.numel() != m for t, m in zip(carried, carried_numels)):
-        raise TraceError(f"evidence.trace.carried: sizes {[t.numel() for t in carried]}, expected "
-                         f"{list(carried_numels)}")
+    optimizer = tuple(r.tensors(f"optimizer[{i}]", numels) for i, numels in enumerate(optimizer_numels))
+    carried = r.tensors("carried", carried_numels)
     (rng_len,) = r.unpack("<I", "rng")
     if rng_len != RNG_BYTES:
         raise TraceError(f"evidence.trace.rng: {rng_len} bytes, a generator's state is {RNG_BYTES}")
@@ -215,4 +210,4 @@ def decode_trace(data: memoryview, pos: int, numel: int, optimizer_numels: Seque
         steps.append(Step(lr, bool(reset), tuple(zip(values[::2], values[1::2]))))
     if r.pos != len(data):
         raise TraceError(f"evidence.trace: {len(data) - r.pos} trailing bytes")
-    return Trace(start, tuple(optimizer), carried, rng, tuple(steps))
+    return Trace(start, optimizer, carried, rng, tuple(steps))

@@ -22,6 +22,9 @@ logger = logging.getLogger(__name__)
 
 REPLAY = "replay"
 READS = "reads"
+#: a round whose dropout drew from a GPU's generator, replayed on this CPU: its masks differ, so a mismatch says
+#: nothing (weighs nothing in the reputation)
+ELSEWHERE = "replayed_elsewhere"
 
 
 class ReplayCheck:
@@ -34,6 +37,7 @@ class ReplayCheck:
         self.why_not = "replay_rate is 0" if self.rate <= 0 else not_replayable(cfg)
         self.replayer = Replayer(cfg, read) if not self.why_not else None
         self.slack = START_SLACK.get(cfg.compression.kind, 0.0)
+        self.dropout = cfg.model.dropout > 0
         if self.why_not and self.rate > 0:
             logger.info("validator: rounds are not replayed: %s", self.why_not)
 
@@ -66,4 +70,7 @@ class ReplayCheck:
         verdict = judge(ev.contribution, ev.params, trace, replayed, self.slack)
         if verdict.passed:
             return scoring.Score("pass", f"replayed {len(trace.steps)} steps: {verdict.reason}")
+        if trace.device != "cpu" and self.dropout:
+            return scoring.Score("fail", f"replayed {len(trace.steps)} steps of a GPU's round on a CPU, whose dropout "
+                                 f"masks differ: inconclusive ({verdict.reason})", ELSEWHERE)
         return scoring.Score("fail", f"replayed {len(trace.steps)} steps: {verdict.reason}", REPLAY)

@@ -51,7 +51,7 @@ from cotrain.verification.commitment import decode_commitment, matches, verify_c
 from cotrain.verification.evidence import EvidenceError, decode_evidence, evidence_bytes, merged
 from cotrain.verification.reputation import Book, weight_multiplier
 from cotrain.verification.witness import MAX_PARTS_SEEN, PartSeen, binding, check_part_seen, part_signed
-from cotrain.coordinator.replay_check import READS, ReplayCheck
+from cotrain.coordinator.replay_check import ELSEWHERE, READS, ReplayCheck
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ MAX_QUEUED = 4
 #: how much a failed check weighs, by the check that failed (:mod:`cotrain.verification.score`); 1 when not named.
 #: "not_own_data" weighs nothing until bench/verify.py measures the honest advantage: with units drawn from one
 #: corpus, an honest node's update can lower a random unit's loss as much as its own
-FAIL_WEIGHTS = {scoring.NOT_OWN_DATA: 0.0}
+FAIL_WEIGHTS = {scoring.NOT_OWN_DATA: 0.0, ELSEWHERE: 0.0}
 #: commitments a heartbeat may carry (a node keeps the evidence of KEEP_ROUNDS rounds)
 MAX_COMMITMENTS = 8
 #: commitments remembered to find a repeated contribution: rounds of every node, minutes to hours of a run

@@ -4,7 +4,9 @@ failures suspend the node; a node is asked for a round's evidence at most once; 
 reducers took in fails; a round replayed from its trace passes when honest and fails when shifted (ALIE), which the
 loss score lets through."""
 
+import dataclasses
 import random
+import types
 
 import pytest
 import torch
@@ -117,6 +119,25 @@ def test_a_replayed_round_passes_when_honest_and_fails_when_shifted_as_the_loss_
     # a replay drawn for evidence without a trace fails: a node of a replayable run always records one
     check = validator(setting, replay_rate=1.0).check(who(key), 3, evidence(key, setting, honest))
     assert not check.passed and check.failed == "replay", check
+
+
+def test_a_gpu_nodes_round_with_dropout_that_does_not_replay_here_is_inconclusive(setting, key):
+    """Dropout on a GPU draws from the GPU's generator: a CPU's replay of such a round cannot tell, and a mismatch
+    weighs nothing (without dropout a GPU's round replays to rounding, and is judged)."""
+    cfg, corpus, ranges = setting[:3]
+    gpu_trace = dataclasses.replace(setting[5].take(3), device="other")
+    keeper = EvidenceKeeper(key, RUN, PEER, traced=True)
+    keeper.recorder = types.SimpleNamespace(take=lambda round_number: gpu_trace)
+    keeper.keep(3, "hash", setting[3], make_attack("alie", seed=3)(setting[4].clone()))
+    shifted = keeper.encoded(3)
+    with_dropout = cfg.model_copy(update={"model": cfg.model.model_copy(update={"dropout": 0.1}),
+                                          "verification": cfg.verification.model_copy(update={"replay_rate": 1.0})})
+    v = Validator(with_dropout, RUN, corpus, own_units=lambda node_id: [[ranges[0]]], all_units=[[r] for r in ranges],
+                  rng=random.Random(0), now=lambda: 1000.0)
+    check = v.check(who(key), 3, shifted)
+    assert not check.passed and check.failed == "replayed_elsewhere" and check.weight == 0.0, check
+    check = validator(setting, replay_rate=1.0).check(who(key), 3, shifted)  # no dropout: judged
+    assert check.failed == "replay" and check.weight == 1.0, check
 
 
 def test_a_nodes_first_check_replays_and_so_does_each_after_a_failed_one(setting, key):

@@ -3,6 +3,7 @@ rounds, a reset mid-round) recorded as the node records them, sent over the wire
 Replayer to the same update; updates that training did not produce (ALIE's shift, a scaled one, one from another
 start) fail the judgement; malformed traces are refused with the field named."""
 
+import dataclasses
 import struct
 
 import pytest
@@ -63,6 +64,8 @@ def test_an_honest_round_replays_to_its_contribution_through_the_wire(run):
     data = memoryview(encode_trace(trace))
     assert len(data) <= replayer.max_trace_bytes(len(trace.steps))
     received = replayer.decode(data, 0)
+    assert received.device == "cpu" and received.steps == trace.steps
+    assert replayer.decode(memoryview(encode_trace(dataclasses.replace(trace, device="other"))), 0).device == "other"
     verdict = judge(contribution, global_params, received, replayer.replay(received), START_SLACK["none"])
     assert verdict.passed, verdict.reason
     assert verdict.cosine > 0.9999 and abs(verdict.norm_ratio - 1) < 1e-3, verdict

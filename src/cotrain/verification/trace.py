@@ -17,7 +17,8 @@ Wire format (little-endian, appended to the evidence; every count bounded by wha
 optimizer hold)::
 
     MAGIC | u64 numel, numel float32: start | u32 n, n x (u32 k, k x (u64 m, m float32)): optimizer, per parameter
-          | u32 n, n x (u64 m, m float32): carried | u32 len, rng | u32 steps, steps x (f64 lr, u8 reset,
+          | u32 n, n x (u64 m, m float32): carried | u32 len, rng | u8 device (0 cpu, 1 another) | u32 steps,
+          steps x (f64 lr, u8 reset,
           u32 rows, rows x (u64 start, u64 end))
 
 Bytes from a peer are hostile: :func:`decode_trace` raises :class:`TraceError` naming the field at fault.
@@ -41,6 +42,8 @@ MAX_STEPS = 4096
 MAX_ROWS = 4096
 #: the size of torch's CPU generator state (a Mersenne twister)
 RNG_BYTES = 5056
+#: where the steps ran: dropout on a GPU draws from that device's generator, which the trace does not hold
+DEVICES = ("cpu", "other")
 
 
 class TraceError(ValueError):
@@ -61,6 +64,7 @@ class Trace:
     carried: tuple[torch.Tensor, ...]  # the hidden state's tensors (none: no state carried in)
     rng: bytes
     steps: tuple[Step, ...]
+    device: str = "cpu"  # one of DEVICES
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[tuple[torch.Tensor, ...], ...]:
@@ -90,7 +94,7 @@ class TraceRecorder:
     def __init__(self, max_steps: int = MAX_STEPS):
         self.max_steps = max_steps
         self._round: Optional[int] = None
-        self._begun: Optional[tuple] = None  # (start, optimizer, carried, rng)
+        self._begun: Optional[tuple] = None  # (start, optimizer, carried, rng, device)
         self._steps: list[Step] = []
 
     def before_step(self, round_number: int, steps_taken: int, params: Sequence[torch.Tensor],
@@ -102,7 +106,8 @@ class TraceRecorder:
             start = torch.cat([p.detach().to(torch.float32).cpu().reshape(-1) for p in params])
             self._round, self._steps = round_number, []
             self._begun = (start, optimizer_tensors(optimizer), state_tensors(carried),
-                           bytes(torch.get_rng_state().numpy().tobytes()))
+                           bytes(torch.get_rng_state().numpy().tobytes()),
+                           "cpu" if params[0].device.type == "cpu" else "other")
         if len(self._steps) < self.max_steps:
             self._steps.append(Step(float(lr), carried is None, tuple((int(a), int(b)) for a, b in rows)))
         else:
@@ -112,8 +117,8 @@ class TraceRecorder:
         """The trace of ``round_number`` so far (its steps up to now), or None when it was not recorded whole."""
         if self._begun is None or self._round != round_number or not self._steps:
             return None
-        start, optimizer, carried, rng = self._begun
-        return Trace(start, optimizer, carried, rng, tuple(self._steps))
+        start, optimizer, carried, rng, device = self._begun
+        return Trace(start, optimizer, carried, rng, tuple(self._steps), device)
 
 
 # ---- wire -------------------------------------------------------------------------------------------------------
@@ -128,7 +133,8 @@ def encode_trace(trace: Trace) -> bytes:
         out += [b for t in tensors for b in (struct.pack("<Q", t.numel()), _f32(t))]
     out.append(struct.pack("<I", len(trace.carried)))
     out += [b for t in trace.carried for b in (struct.pack("<Q", t.numel()), _f32(t))]
-    out += [struct.pack("<I", len(trace.rng)), trace.rng, struct.pack("<I", len(trace.steps))]
+    out += [struct.pack("<I", len(trace.rng)), trace.rng, struct.pack("<BI", DEVICES.index(trace.device),
+                                                                      len(trace.steps))]
     for s in trace.steps:
         out.append(struct.pack(f"<dBI{2 * len(s.rows)}Q", s.lr, int(s.reset), len(s.rows),
                                *[v for r in s.rows for v in r]))
@@ -140,7 +146,7 @@ def trace_bytes(numel: int, state_values: int, optimizer_tensors: int, carried_v
     """The most bytes a trace takes for a model of ``numel`` values whose optimizer holds ``state_values`` values in
     ``optimizer_tensors`` tensors and whose carried state holds ``carried_values`` in ``carried_tensors``."""
     return (len(MAGIC) + 8 + 4 * numel + 4 + 4 * optimizer_tensors + 12 * optimizer_tensors + 4 * state_values
-            + 4 + 12 * carried_tensors + 4 * carried_values + 4 + RNG_BYTES + 4 + steps * (13 + 16 * rows))
+            + 4 + 12 * carried_tensors + 4 * carried_values + 4 + RNG_BYTES + 1 + 4 + steps * (13 + 16 * rows))
 
 
 class _Reader:
@@ -196,6 +202,9 @@ def decode_trace(data: memoryview, pos: int, numel: int, optimizer_numels: Seque
     if rng_len != RNG_BYTES:
         raise TraceError(f"evidence.trace.rng: {rng_len} bytes, a generator's state is {RNG_BYTES}")
     rng = bytes(r.take(rng_len, "rng"))
+    (device,) = r.unpack("<B", "device")
+    if device >= len(DEVICES):
+        raise TraceError(f"evidence.trace.device: {device} (0 to {len(DEVICES) - 1})")
     (count,) = r.unpack("<I", "steps")
     if not 1 <= count <= MAX_STEPS:
         raise TraceError(f"evidence.trace.steps: {count} steps (1 to {MAX_STEPS})")
@@ -210,4 +219,4 @@ def decode_trace(data: memoryview, pos: int, numel: int, optimizer_numels: Seque
         steps.append(Step(lr, bool(reset), tuple(zip(values[::2], values[1::2]))))
     if r.pos != len(data):
         raise TraceError(f"evidence.trace: {len(data) - r.pos} trailing bytes")
-    return Trace(start, optimizer, carried, rng, tuple(steps))
+    return Trace(start, optimizer, carried, rng, tuple(steps), DEVICES[device])

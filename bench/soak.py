@@ -211,9 +211,10 @@ def run(args) -> dict:
                 write_json(args.json, results)
                 print(f"minute {minute:.0f}: val {results['samples'][-1]['val_bpc']} BPC, "
                       f"{len(results['samples'][-1]['processes'])} processes", flush=True)
+                next_floor = time.monotonic() + args.floor_every
             elif time.monotonic() >= next_floor:
                 floors.read(swarm, nodes)
-            next_floor = time.monotonic() + args.floor_every
+                next_floor = time.monotonic() + args.floor_every
             for name, proc in nodes.items():
                 if not proc.alive():
                     raise RuntimeError(f"{name} exited (code {proc.popen.returncode}); logs in {work}")

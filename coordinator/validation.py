@@ -55,9 +55,12 @@ from cotrain.coordinator.replay_check import ELSEWHERE, READS, ReplayCheck
 
 logger = logging.getLogger(__name__)
 
-#: evidence waiting to be scored at most: more is refused (the node is asked again later), so a burst of uploads
-#: holds a bounded amount of memory (each is 8 bytes a parameter)
-MAX_QUEUED = 4
+#: evidence waiting to be checked at most, in uploads and in bytes: more is refused (the node is asked again later),
+#: so a burst of uploads holds a bounded amount of memory (each is 8 bytes a parameter, 20 with a replay's trace).
+#: A swarm's first rounds are such a burst: every node is on probation, checked every round, and its first check
+#: replays the round; with 4 uploads, 5 nodes on 2 CPUs had their evidence refused for 4 rounds in a row
+MAX_QUEUED = 16
+MAX_QUEUED_BYTES = 256 << 20
 #: how much a failed check weighs, by the check that failed (:mod:`cotrain.verification.score`); 1 when not named.
 #: "not_own_data" weighs nothing until bench/verify.py measures the honest advantage: with units drawn from one
 #: corpus, an honest node's update can lower a random unit's loss as much as its own
@@ -202,6 +205,7 @@ class Validator(threading.Thread):
         #: node is suspended
         self.save, self._saved_at = save, -math.inf
         self._queue: queue.Queue = queue.Queue(MAX_QUEUED)
+        self._queued_bytes = 0  # of the uploads in the queue
         self._lock = threading.Lock()
         self._offered: dict[str, int] = {}  # node -> the latest round it offered, drawn for or not
         self._requested: dict[str, int] = {}  # node -> the round whose evidence it was asked for, until it came
@@ -317,13 +321,20 @@ class Validator(threading.Thread):
         with self._lock:
             if self._requested.get(who.node_id) == round_number:
                 del self._requested[who.node_id]
+        with self._lock:
+            full = self._queued_bytes + len(data) > MAX_QUEUED_BYTES
+            if not full:
+                self._queued_bytes += len(data)
         try:
+            if full:
+                raise queue.Full
             # the node's units as they are now: checked after the reducers' reports came, the node may have left and
             # its units gone back to the pool
             self._queue.put_nowait((who, round_number, data, time.monotonic(), self.own_units(who.node_id)))
         except queue.Full:
             with self._lock:
                 self.refused += 1
+                self._queued_bytes -= 0 if full else len(data)
             return "the validator is busy: ask again later"
         return ""
 
@@ -367,6 +378,8 @@ class Validator(threading.Thread):
                 who, round_number, data, came, units = self._queue.get(timeout=0.5)
             except queue.Empty:
                 continue
+            with self._lock:
+                self._queued_bytes -= len(data)
             if self._halt.wait(max(0.0, came + self.witness_wait_s - time.monotonic())):  # the reducers' reports
                 break
             started = time.thread_time()

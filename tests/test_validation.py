@@ -223,6 +223,19 @@ def test_a_round_is_asked_for_once_and_only_that_round_is_taken(setting, key):
     assert v.offer(who(key), 5, b"x") == "" and v.requested("node-a") == 0
 
 
+def test_the_queue_of_uploads_is_bounded_in_number_and_in_bytes(setting, key, monkeypatch):
+    import cotrain.coordinator.validation as validation
+
+    v = validator(setting)  # its thread is not started: nothing leaves the queue
+    assert all(v.offer(who(key), r, b"x") == "" for r in range(validation.MAX_QUEUED))
+    assert "busy" in v.offer(who(key), 99, b"x")
+    monkeypatch.setattr(validation, "MAX_QUEUED_BYTES", 1000)
+    v = validator(setting)
+    assert v.offer(who(key), 1, b"x" * 600) == "" and "busy" in v.offer(who(key), 2, b"x" * 600)
+    assert v.offer(who(key), 3, b"x" * 400) == ""  # what is refused holds no room
+    assert v.refused == 1
+
+
 def test_windows_spread_over_the_units_and_stay_inside():
     ranges = [(0, 1000), (5000, 5100)]
     offsets = spread_windows(ranges, 6, 33)

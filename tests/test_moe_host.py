@@ -124,3 +124,27 @@ def test_a_host_that_is_gone_is_left_out_and_not_asked_again(served):
     answers = remote({0: torch.randn(1, 2, DIM), 1: torch.randn(1, 2, DIM)})
     assert answers == {0: None, 1: None} and remote.failed["forward"] == 2
     assert set(remote.available()) == {2, 3}
+
+
+def test_a_byte_language_model_trains_with_its_experts_on_a_host(served):
+    """The trainer's model (embedding, LSTM, gate, head) holds no expert: its parameters are what a swarm averages."""
+    from cotrain.models.moe_lm import MixtureLM
+
+    host, remote, _, _ = served
+    torch.manual_seed(2)
+    model = MixtureLM(embed_dim=8, hidden_size=DIM, grid=GRID, expert_hidden=HIDDEN, k=2, chunk=4, experts=[remote],
+                      dropout=0.0)
+    assert not any(p is q for p in model.parameters() for e in host.experts.values() for q in e.parameters())
+    text = torch.tensor(list(b"the quick brown fox jumps over the lazy dog. " * 4)[:161], dtype=torch.long)
+    x, y = text[:-1].view(4, -1), text[1:].view(4, -1)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-2)
+    losses = []
+    for _ in range(20):
+        logits, _ = model(x, None)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] * 0.8, losses
+    assert host.calls["backward"] > 0 and remote.failed == {"forward": 0, "backward": 0}

@@ -37,6 +37,7 @@ from cotrain.coordinator.fleet import Fleet, FleetSizeError, ManagedNodeSpec, Ra
 from cotrain.coordinator.reachability import Prober
 from cotrain.coordinator.service import CoordinatorService, RunInfo, SwarmSummary
 from cotrain.coordinator.store import StateDirError, Store
+from cotrain.moe.assignment import run_experts
 from cotrain.coordinator.validation import Validator
 from cotrain.verification.reputation import Book, ReputationError
 from cotrain.coordinator.web import WebServer
@@ -229,7 +230,8 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
                   heartbeat_limit=(cfg.coordinator.heartbeat_rate_per_s, cfg.coordinator.heartbeat_burst),
                   unit_ranges=unit_ranges(cfg, corpus), unit_deadline_s=cfg.coordinator.unit_deadline_s,
                   seed=cfg.run.seed, byte_counts=corpus.byte_counts() if corpus is not None else [],
-                  forget_after_s=cfg.coordinator.forget_after_s)
+                  forget_after_s=cfg.coordinator.forget_after_s,
+                  experts=run_experts(cfg.moe.grid, cfg.moe.layers) if cfg.model.kind == "moe_lstm" else [])
     prober = Prober()
     validator = start_validator(cfg, run_id, corpus, run.unit_ranges, lambda: service.units.units.values(), store)
     service = CoordinatorService(store, run, summary, issuer, prober, publish_revocations, validator=validator)

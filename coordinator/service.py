@@ -34,6 +34,8 @@ from cotrain.coordinator.store import NodeRecord, PeerRecord, Store, hash_secret
 from cotrain.coordinator.swarm_health import SwarmSummary, swarm_health
 from cotrain.coordinator.unit_pool import UnitPool
 from cotrain.coordinator.evidence_intake import heartbeat_verification, take_evidence
+from cotrain.coordinator.expert_intake import get_experts, report_experts
+from cotrain.coordinator.expert_pool import ExpertPool
 from cotrain.coordinator.validation import Candidate, Validator
 from cotrain.coordinator.wire import ThrottledWarning
 
@@ -66,6 +68,8 @@ class RunInfo:
     #: how often each byte value occurs in the training text (Corpus.byte_counts); nodes start their output bias
     #: from it
     byte_counts: list = field(default_factory=list)
+    #: the uids of the run's experts (model.kind "moe_lstm": cotrain.moe.assignment.run_experts); none: no experts
+    experts: list = field(default_factory=list)
 
 
 class InvalidField(ValueError):
@@ -102,6 +106,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.started = clock()
         #: verification.enabled: checks sampled contributions, and names the nodes to suspend
         self.validator = validator
+        #: model.kind "moe_lstm": which host holds which expert
+        self.experts: Optional[ExpertPool] = ExpertPool(run.experts) if run.experts else None
         self.refusals = ThrottledWarning(logger)
 
     # ---- helpers -------------------------------------------------------------------------------------------------
@@ -288,6 +294,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         return await take_evidence(requests, context, validator=self.validator, session=self._session,
                                    who=self._candidate)
 
+    async def ReportExperts(self, request: pb.ReportExpertsRequest, context) -> pb.ReportExpertsResponse:
+        return await report_experts(self, request, context)
+
+    async def GetExperts(self, request: pb.GetExpertsRequest, context) -> pb.GetExpertsResponse:
+        return await get_experts(self, request, context)
+
     def _candidate(self, node_id: str) -> Optional[Candidate]:
         node, peer = self.nodes.get(node_id), self.peers.get(node_id)
         if node is None or peer is None:
@@ -305,6 +317,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.store.save_node(node)
         logger.info("node %s (%s) left: %s", node.name, node.node_id[:8], request.reason[:200] or "no reason given")
         self.reclaim()  # its units go back to the pool at once
+        if self.experts is not None:
+            self.experts.leave(node.node_id)  # and its experts to other hosts
         return pb.LeaveResponse()
 
     async def GetWork(self, request: pb.GetWorkRequest, context) -> pb.GetWorkResponse:

@@ -143,6 +143,20 @@ class CoordinatorClient:
         return self._retry(lambda: self.stub.RegisterPeer(request, timeout=self.rpc_timeout + 10.0), "register peer",
                            give_up_after)
 
+    def report_experts(self, capacity: int, holds: Sequence[str], give_up_after: float = 10.0) -> pb.ReportExpertsResponse:
+        """An expert host's report (what it will hold, what it holds) -> what it is to hold."""
+        request = pb.ReportExpertsRequest(node_id=self.node_id, session=self.session, capacity=capacity,
+                                          holds=list(holds))
+        return self._retry(lambda: self.stub.ReportExperts(request, timeout=self.rpc_timeout), "report experts",
+                           give_up_after)
+
+    def experts(self, give_up_after: float = 10.0) -> dict[str, str]:
+        """Each expert's host peer id, for a trainer's mixture layers."""
+        request = pb.GetExpertsRequest(node_id=self.node_id, session=self.session)
+        answer = self._retry(lambda: self.stub.GetExperts(request, timeout=self.rpc_timeout), "get experts",
+                             give_up_after)
+        return {e.uid: e.peer_id for e in answer.experts}
+
     def heartbeat(self, metrics: pb.NodeMetrics, evidence_round: int = 0, commitments: Sequence[bytes] = (),
                   parts_seen: Sequence = ()) -> pb.HeartbeatResponse:
         """One heartbeat on this node's heartbeat stream (opened on first use, and again after it broke); raises

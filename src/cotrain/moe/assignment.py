@@ -12,6 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from cotrain.moe.gating import expert_uid, grid_experts
+
+
+def run_experts(grid: Sequence[int], layers: int) -> list[str]:
+    """Every expert of a run's mixture layers, by uid: ``moe<layer>.<i>.<j>``."""
+    return [expert_uid(f"moe{layer}", cell) for layer in range(layers) for cell in grid_experts(grid)]
+
 
 @dataclass(frozen=True)
 class Host:

@@ -460,3 +460,47 @@ class CheckpointChunk(_message.Message):
     round: int
     sha256: str
     def __init__(self, data: _Optional[bytes] = ..., total: _Optional[int] = ..., round: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class ReportExpertsRequest(_message.Message):
+    __slots__ = ("node_id", "session", "capacity", "holds")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    HOLDS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    session: str
+    capacity: int
+    holds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., capacity: _Optional[int] = ..., holds: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReportExpertsResponse(_message.Message):
+    __slots__ = ("uids", "reason")
+    UIDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    uids: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    def __init__(self, uids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class GetExpertsRequest(_message.Message):
+    __slots__ = ("node_id", "session")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    session: str
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ...) -> None: ...
+
+class ExpertHostEntry(_message.Message):
+    __slots__ = ("uid", "peer_id")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    uid: str
+    peer_id: str
+    def __init__(self, uid: _Optional[str] = ..., peer_id: _Optional[str] = ...) -> None: ...
+
+class GetExpertsResponse(_message.Message):
+    __slots__ = ("experts", "reason")
+    EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    experts: _containers.RepeatedCompositeFieldContainer[ExpertHostEntry]
+    reason: str
+    def __init__(self, experts: _Optional[_Iterable[_Union[ExpertHostEntry, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...

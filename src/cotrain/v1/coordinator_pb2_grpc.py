@@ -89,6 +89,16 @@ class CoordinatorStub:
                 request_serializer=cotrain_dot_v1_dot_coordinator__pb2.EvidenceChunk.SerializeToString,
                 response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.SubmitEvidenceResponse.FromString,
                 _registered_method=True)
+        self.ReportExperts = channel.unary_unary(
+                '/cotrain.v1.Coordinator/ReportExperts',
+                request_serializer=cotrain_dot_v1_dot_coordinator__pb2.ReportExpertsRequest.SerializeToString,
+                response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.ReportExpertsResponse.FromString,
+                _registered_method=True)
+        self.GetExperts = channel.unary_unary(
+                '/cotrain.v1.Coordinator/GetExperts',
+                request_serializer=cotrain_dot_v1_dot_coordinator__pb2.GetExpertsRequest.SerializeToString,
+                response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.GetExpertsResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -178,6 +188,22 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportExperts(self, request, context):
+        """An expert host's report, every few seconds (model.kind "moe_lstm": cotrain.moe.host): what it will hold and what
+        it holds; the answer is what it is to hold. Its peer is the one it registered, which must be reachable.
+        FAILED_PRECONDITION for a run without experts or a node without a reachable peer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetExperts(self, request, context):
+        """Each expert's host peer, for a trainer's mixture layers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -235,6 +261,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.SubmitEvidence,
                     request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.EvidenceChunk.FromString,
                     response_serializer=cotrain_dot_v1_dot_coordinator__pb2.SubmitEvidenceResponse.SerializeToString,
+            ),
+            'ReportExperts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportExperts,
+                    request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.ReportExpertsRequest.FromString,
+                    response_serializer=cotrain_dot_v1_dot_coordinator__pb2.ReportExpertsResponse.SerializeToString,
+            ),
+            'GetExperts': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetExperts,
+                    request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.GetExpertsRequest.FromString,
+                    response_serializer=cotrain_dot_v1_dot_coordinator__pb2.GetExpertsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -534,6 +570,60 @@ class Coordinator:
             '/cotrain.v1.Coordinator/SubmitEvidence',
             cotrain_dot_v1_dot_coordinator__pb2.EvidenceChunk.SerializeToString,
             cotrain_dot_v1_dot_coordinator__pb2.SubmitEvidenceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportExperts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cotrain.v1.Coordinator/ReportExperts',
+            cotrain_dot_v1_dot_coordinator__pb2.ReportExpertsRequest.SerializeToString,
+            cotrain_dot_v1_dot_coordinator__pb2.ReportExpertsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetExperts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cotrain.v1.Coordinator/GetExperts',
+            cotrain_dot_v1_dot_coordinator__pb2.GetExpertsRequest.SerializeToString,
+            cotrain_dot_v1_dot_coordinator__pb2.GetExpertsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     from cotrain.coordinator import cli as coordinator_cli
     from cotrain.cli import simulate
     from cotrain.node import cli as node_cli
+    from cotrain.node import expert_serve
 
     parser = argparse.ArgumentParser(prog="cotrain", description="Train one neural network together over the internet.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {cotrain.__version__}")
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="json: one object per line (auto: json when run by systemd, else text)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     node_cli.add_parser(sub)
+    expert_serve.add_parser(sub)
     coordinator_cli.add_parser(sub)
     simulate.add_parser(sub)
 

@@ -15,8 +15,8 @@ from typing import Callable, Sequence
 
 from cotrain.moe.assignment import ExpertPlan, Host, plan_experts
 
-#: seconds without a report after which a host is gone: a few of its reports (every 5 s), well under a minute
-LOST_AFTER_S = 20.0
+#: seconds without a report after which a host is gone: five of its reports (every 3 s), well under a minute
+LOST_AFTER_S = 15.0
 #: experts a host may say it holds or will hold at most (its report is hostile: bounded before it is planned)
 MAX_CAPACITY = 4096
 

@@ -16,6 +16,15 @@ from tiny_swarm import tiny_config
 pytestmark = pytest.mark.swarm
 
 
+@pytest.fixture(scope="module")
+def moe_coordinator(tmp_path_factory, corpus_file, node_zygote):
+    """One coordinator of a run with a 2x2 grid of experts for this module's tests (each test's hosts and trainers
+    are its own members)."""
+    cfg = tiny_config(corpus_file, model={"kind": "moe_lstm"}, moe={"grid": [2, 2], "expert_hidden": 16, "k": 2})
+    with Swarm(cfg, tmp_path_factory.mktemp("moe"), zygote=node_zygote) as coordinator:
+        yield coordinator, cfg
+
+
 def member(coordinator, name: str, dht=None, client_mode: bool = False) -> CoordinatorClient:
     client = CoordinatorClient(coordinator.address, insecure=True)
     client.join(coordinator.token, name)
@@ -25,39 +34,40 @@ def member(coordinator, name: str, dht=None, client_mode: bool = False) -> Coord
     return client
 
 
-def test_hosts_get_the_experts_and_trainers_find_them(tmp_path, corpus_file, node_zygote):
-    cfg = tiny_config(corpus_file, model={"kind": "moe_lstm"}, moe={"grid": [2, 2], "expert_hidden": 16, "k": 2})
+def test_hosts_get_the_experts_and_trainers_find_them(tmp_path, moe_coordinator):
+    coordinator, _ = moe_coordinator
     dhts, clients = [], []
-    with Swarm(cfg, tmp_path, zygote=node_zygote) as coordinator:
-        try:
-            dhts = [start_dht(coordinator.info["dht"], identity_path=str(tmp_path / f"{n}.key")) for n in "abc"]
-            a, b = member(coordinator, "host-a", dhts[0]), member(coordinator, "host-b", dhts[1])
-            nat = member(coordinator, "host-nat", dhts[2], client_mode=True)
-            trainer = member(coordinator, "trainer")
-            clients = [a, b, nat, trainer]
-            held_a, held_b = a.report_experts(3, []).uids, b.report_experts(3, []).uids
-            uids = [f"moe0.{i}.{j}" for i in range(2) for j in range(2)]
-            assert sorted([*held_a, *held_b]) == uids  # every expert one host
-            directory = trainer.experts()
-            assert directory == {**{u: str(dhts[0].peer_id) for u in held_a}, **{u: str(dhts[1].peer_id) for u in held_b}}
+    try:
+        dhts = [start_dht(coordinator.info["dht"], identity_path=str(tmp_path / f"{n}.key")) for n in "abc"]
+        a, b = member(coordinator, "host-a", dhts[0]), member(coordinator, "host-b", dhts[1])
+        nat = member(coordinator, "host-nat", dhts[2], client_mode=True)
+        trainer = member(coordinator, "trainer")
+        clients = [a, b, nat, trainer]
+        held_a, held_b = a.report_experts(3, []).uids, b.report_experts(3, []).uids
+        uids = [f"moe0.{i}.{j}" for i in range(2) for j in range(2)]
+        assert sorted([*held_a, *held_b]) == uids  # every expert one host
+        directory = trainer.experts()
+        assert directory == {**{u: str(dhts[0].peer_id) for u in held_a}, **{u: str(dhts[1].peer_id) for u in held_b}}
 
-            with pytest.raises(grpc.RpcError) as refused:
-                nat.report_experts(3, [])
-            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "dial" in refused.value.details()
-            with pytest.raises(grpc.RpcError) as refused:
-                a.report_experts(3, ["x" * 200])
-            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "holds" in refused.value.details()
+        with pytest.raises(grpc.RpcError) as refused:
+            nat.report_experts(3, [])
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "dial" in refused.value.details()
+        with pytest.raises(grpc.RpcError) as refused:
+            a.report_experts(3, ["x" * 200])
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "holds" in refused.value.details()
 
-            b.leave("done")
-            answer = a.report_experts(3, list(held_a))
-            assert set(held_a) <= set(answer.uids) and len(answer.uids) == 3
-            assert "1 of 4 experts have no host" in answer.reason
-            assert set(trainer.experts().values()) == {str(dhts[0].peer_id)}
-        finally:
-            for c in clients:
-                c.close()
-            for d in dhts:
-                d.shutdown()
+        b.leave("done")
+        answer = a.report_experts(3, list(held_a))
+        assert set(held_a) <= set(answer.uids) and len(answer.uids) == 3
+        assert "1 of 4 experts have no host" in answer.reason
+        assert set(trainer.experts().values()) == {str(dhts[0].peer_id)}
+        a.leave("done")  # the module's next test starts with no host
+        assert trainer.experts() == {}
+    finally:
+        for c in clients:
+            c.close()
+        for d in dhts:
+            d.shutdown()
 
 
 def test_a_run_without_experts_says_so(coordinator):
@@ -68,3 +78,89 @@ def test_a_run_without_experts_says_so(coordinator):
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "moe_lstm" in refused.value.details()
     finally:
         client.close()
+
+
+def test_expert_hosts_serve_a_trainer_and_a_killed_hosts_experts_move(tmp_path, moe_coordinator):
+    """Two `cotrain expert serve` processes, as a volunteer starts them, share the grid; a trainer (a member with a
+    credential) calls every expert; one host is killed (SIGKILL: no goodbye), and within the pool's 20 s and a
+    report its experts are served by the other."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+    from hivemind.p2p import PeerID
+
+    from cotrain.averaging import Admission
+    from cotrain.averaging.admission import public_key_from_bytes
+    from cotrain.cli.launch import wait_for
+    from cotrain.moe.host import RemoteExperts, expert_namespace
+
+    cotrain = str(Path(sys.executable).with_name("cotrain"))
+    coordinator, cfg = moe_coordinator
+    hosts, dht, trainer, remote, survivor, logs = [], None, None, None, None, []
+    try:
+        for name in ("a", "b"):
+            log = open(tmp_path / f"host-{name}.log", "wb")
+            hosts.append(subprocess.Popen([cotrain, "expert", "serve", coordinator.address, "--insecure",
+                                           "--token", coordinator.token, "--name", f"host-{name}", "--experts", "4"],
+                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        dht = start_dht(coordinator.info["dht"], identity_path=str(tmp_path / "trainer.key"))
+        trainer = CoordinatorClient(coordinator.address, insecure=True)
+        joined = trainer.join(coordinator.token, "trainer")
+        reply = trainer.register_peer(str(dht.peer_id), visible_maddrs(dht),
+                                      load_record_key(None).get_public_key().to_bytes(), client_mode=True)
+        admission = Admission(joined.run.run_id, public_key_from_bytes(joined.coordinator_public_key),
+                              enabled=cfg.coordinator.data_plane_auth)
+        admission.set_credential(reply.credential)
+
+        def hosted() -> dict:
+            d = trainer.experts()
+            return d if len(d) == 4 else {}
+
+        wait_for(hosted, 120, interval=1.0, what="the hosts to hold the 4 experts")
+        directory = hosted()
+        uids = sorted(directory)
+        remote = RemoteExperts(dht, expert_namespace(joined.run.run_id), admission,
+                               {i: (u, PeerID.from_base58(directory[u])) for i, u in enumerate(uids)})
+        x = torch.randn(2, 3, cfg.model.hidden_size)
+
+        def every_expert_answers() -> bool:  # a host serves what it was told at its report, a moment after
+            remote._down_until.clear()  # the directory shows it: ask again at once, not after down_s
+            return all(y is not None and y.shape == x.shape for y in remote({i: x for i in range(4)}).values())
+
+        wait_for(every_expert_answers, 30, interval=1.0, what="every expert to answer")
+
+        # kill a host that holds experts (the first to report may hold them all: moving an expert costs, so
+        # the plan keeps experts where they are); each host's log names its peer
+        logs = [(tmp_path / f"host-{n}.log").read_text() for n in ("a", "b")]
+        holder = next(i for i, text in enumerate(logs) if "holding" in text)
+        killed = {p for p in directory.values() if p[-8:] in logs[holder]}
+        survivor = hosts[1 - holder]
+        os.kill(hosts[holder].pid, signal.SIGKILL)
+        hosts[holder].wait(10)
+        wait_for(lambda: hosted() and not set(hosted().values()) & killed, 60, interval=1.0,
+                 what="the killed host's experts to move")
+        moved = hosted()
+        assert survivor.poll() is None
+        remote.hosts = {i: (u, PeerID.from_base58(moved[u])) for i, u in enumerate(uids)}
+        wait_for(every_expert_answers, 30, interval=1.0, what="every expert to answer from the survivor")
+    finally:
+        for proc in hosts:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in hosts:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if remote is not None:
+            remote.shutdown()
+        if trainer is not None:
+            trainer.close()
+        if dht is not None:
+            dht.shutdown()
+    assert survivor is not None and survivor.returncode == 0, logs

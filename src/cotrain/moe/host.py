@@ -43,6 +43,11 @@ logger = logging.getLogger(__name__)
 MAX_STEPS = 1 << 16
 
 
+def expert_namespace(run_id: str) -> str:
+    """Where a run's expert hosts serve on the data plane (their handler's prefix)."""
+    return f"{run_id}_experts"
+
+
 class CallError(ValueError):
     """A call that is malformed; the message names the field."""
 
@@ -105,15 +110,33 @@ class ExpertHost(_OnDaemon):
     def __init__(self, dht: DHT, namespace: str, admission: Admission, experts: Mapping[str, nn.Module], dim: int,
                  lr: float = 1e-3, update_every: int = 1):
         self.handler_name = f"{namespace}.expert"
-        self.admission, self.dim, self.update_every = admission, dim, max(1, update_every)
-        self.experts = dict(experts)
-        self.optimizers = {uid: torch.optim.AdamW(e.parameters(), lr=lr) for uid, e in self.experts.items()}
-        self._pending = {uid: 0 for uid in self.experts}  # backward calls since the expert's last step
+        self.admission, self.dim, self.update_every, self.lr = admission, dim, max(1, update_every), lr
+        self._lock = threading.Lock()  # the experts held change while calls are served (assign)
+        self.experts: dict[str, nn.Module] = {}
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        self._pending: dict[str, int] = {}  # backward calls since an expert's last step
+        self.assign(list(experts), experts.__getitem__)
         self.calls = {"forward": 0, "backward": 0}
         self.refused = 0
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="experts")  # one call computes at a time
         super().__init__(dht, f"experts-{namespace}")
         self.run(self.p2p.add_protobuf_handler(self.handler_name, self._serve, pb.ExpertCall), timeout=30)
+
+    def assign(self, uids: Sequence[str], make) -> None:
+        """Hold the experts ``uids`` from now on: those new made with ``make(uid)``, the others dropped."""
+        with self._lock:
+            for uid in list(self.experts):
+                if uid not in uids:
+                    del self.experts[uid], self.optimizers[uid], self._pending[uid]
+            for uid in uids:
+                if uid not in self.experts:
+                    self.experts[uid] = make(uid)
+                    self.optimizers[uid] = torch.optim.AdamW(self.experts[uid].parameters(), lr=self.lr)
+                    self._pending[uid] = 0
+
+    def holds(self) -> list[str]:
+        with self._lock:
+            return list(self.experts)
 
     def _inputs(self, call: pb.ExpertCall) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         if call.uid not in self.experts:
@@ -136,10 +159,15 @@ class ExpertHost(_OnDaemon):
             self.refused += 1
             return pb.ExpertAnswer(refused=str(e))
         out = await asyncio.get_running_loop().run_in_executor(self._compute, self._answer, call.uid, x, grad)
+        if out is None:
+            return pb.ExpertAnswer(refused=f"uid: {call.uid[:64]!r} is no longer held by this host")
         return pb.ExpertAnswer(values=encode_values(out))
 
-    def _answer(self, uid: str, x: torch.Tensor, grad: Optional[torch.Tensor]) -> torch.Tensor:
-        expert = self.experts[uid]
+    def _answer(self, uid: str, x: torch.Tensor, grad: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        with self._lock:
+            expert, optimizer = self.experts.get(uid), self.optimizers.get(uid)
+        if expert is None:  # given up since the call was checked
+            return None
         if grad is None:
             self.calls["forward"] += 1
             with torch.no_grad():
@@ -147,11 +175,13 @@ class ExpertHost(_OnDaemon):
         self.calls["backward"] += 1
         x.requires_grad_(True)
         expert(x).backward(grad)
-        self._pending[uid] += 1
-        if self._pending[uid] >= self.update_every:
-            self._pending[uid] = 0
-            self.optimizers[uid].step()
-            self.optimizers[uid].zero_grad(set_to_none=True)
+        with self._lock:
+            due = uid in self._pending and self._pending[uid] + 1 >= self.update_every
+            if uid in self._pending:
+                self._pending[uid] = 0 if due else self._pending[uid] + 1
+        if due:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         return x.grad
 
     def shutdown(self) -> None:

@@ -42,7 +42,7 @@ def gone(pid: int, timeout: float = 30.0) -> bool:
 @pytest.fixture
 def zygote(node_zygote):
     """The worker's zygote, which the swarm tests fork from too: these tests must leave it as they found it (the
-    test that closes one starts its own)."""
+    tests that close one or write garbage to one start their own)."""
     assert node_zygote.popen.poll() is None, "an earlier test ended the worker's zygote"
     return node_zygote
 
@@ -94,11 +94,16 @@ def test_closing_the_zygote_takes_its_nodes_with_it(tmp_path):
         z.spawn(["--version"], tmp_path / "late.log")
 
 
-def test_a_malformed_request_is_refused_and_the_zygote_goes_on(zygote, tmp_path):
-    zygote.popen.stdin.write(b'not json\n{"id": 99, "args": "node join", "log": "/tmp/x"}\n[1, 2]\n')
-    zygote.popen.stdin.flush()
-    proc = Proc("version", ["--version"], tmp_path / "version.log", zygote=zygote)
-    assert proc.popen.wait(30) == 0
+def test_a_malformed_request_is_refused_and_the_zygote_goes_on(tmp_path):
+    # a zygote of its own: the refusal of request 99 waits in its pipe for whoever asks as request 99 next
+    zygote = Zygote(tmp_path / "zygote.log")
+    try:
+        zygote.popen.stdin.write(b'not json\n{"id": 99, "args": "node join", "log": "/tmp/x"}\n[1, 2]\n')
+        zygote.popen.stdin.flush()
+        proc = Proc("version", ["--version"], tmp_path / "version.log", zygote=zygote)
+        assert proc.popen.wait(30) == 0
+    finally:
+        zygote.close()
 
 
 def test_a_prefixed_process_is_not_forked_from_the_zygote(zygote, tmp_path):

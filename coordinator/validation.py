@@ -318,25 +318,19 @@ class Validator(threading.Thread):
 
     def offer(self, who: Candidate, round_number: int, data: bytes) -> str:
         """Queue uploaded evidence for checking; -> "" when queued, else why not."""
-        with self._lock:
+        # the node's units as they are now: checked after the reducers' reports came, the node may have left and its
+        # units gone back to the pool
+        item = (who, round_number, data, time.monotonic(), self.own_units(who.node_id))
+        with self._lock:  # the service's loop is the only one that queues: a queue with room takes the item
             if self._requested.get(who.node_id) == round_number:
                 del self._requested[who.node_id]
-        with self._lock:
-            full = self._queued_bytes + len(data) > MAX_QUEUED_BYTES
-            if not full:
+            room = self._queued_bytes + len(data) <= MAX_QUEUED_BYTES and not self._queue.full()
+            if room:
                 self._queued_bytes += len(data)
-        try:
-            if full:
-                raise queue.Full
-            # the node's units as they are now: checked after the reducers' reports came, the node may have left and
-            # its units gone back to the pool
-            self._queue.put_nowait((who, round_number, data, time.monotonic(), self.own_units(who.node_id)))
-        except queue.Full:
-            with self._lock:
+                self._queue.put_nowait(item)
+            else:
                 self.refused += 1
-                self._queued_bytes -= 0 if full else len(data)
-            return "the validator is busy: ask again later"
-        return ""
+        return "" if room else "the validator is busy: ask again later"
 
     def max_evidence_bytes(self) -> int:
         """The most bytes a node's evidence of a round takes in this run (with its trace, where rounds are replayed):

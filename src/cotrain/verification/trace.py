@@ -141,12 +141,13 @@ def encode_trace(trace: Trace) -> bytes:
     return b"".join(out)
 
 
-def trace_bytes(numel: int, state_values: int, optimizer_tensors: int, carried_values: int, carried_tensors: int,
+def trace_bytes(numel: int, state_values: int, state_count: int, carried_values: int, carried_count: int,
                 steps: int, rows: int) -> int:
     """The most bytes a trace takes for a model of ``numel`` values whose optimizer holds ``state_values`` values in
-    ``optimizer_tensors`` tensors and whose carried state holds ``carried_values`` in ``carried_tensors``."""
-    return (len(MAGIC) + 8 + 4 * numel + 4 + 4 * optimizer_tensors + 12 * optimizer_tensors + 4 * state_values
-            + 4 + 12 * carried_tensors + 4 * carried_values + 4 + RNG_BYTES + 1 + 4 + steps * (13 + 16 * rows))
+    ``state_count`` tensors and whose carried state holds ``carried_values`` in ``carried_count`` (a count and a
+    size before each tensor, at most 16 bytes)."""
+    return (len(MAGIC) + 8 + 4 * numel + 4 + 16 * state_count + 4 * state_values
+            + 4 + 16 * carried_count + 4 * carried_values + 4 + RNG_BYTES + 1 + 4 + steps * (13 + 16 * rows))
 
 
 class _Reader:

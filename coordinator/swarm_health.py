@@ -64,7 +64,7 @@ def swarm_health(now: float, *, run_id: str, heartbeat_interval: float, lost_aft
         if verdict is not None:
             rows[-1].verification.CopyFrom(pb.Verification(checks=verdict.checks, failed=verdict.fails,
                                                             reputation=verdict.score, suspended=verdict.suspended,
-                                                            reason=verdict.reason))
+                                                            reason=verdict.reason, replayed=verdict.replayed))
         if online:
             totals.nodes_online += 1
             totals.samples_per_s += m.samples_per_s

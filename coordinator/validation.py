@@ -99,16 +99,20 @@ class Check:
     failed: str
     reason: str
     weight: float
+    #: the round's local steps were replayed and led to the contribution
+    replayed: bool = False
 
 
 @dataclass(frozen=True)
 class NodeVerdict:
-    """What the health view shows of a node: its checks, those failed that count, its reputation's weight."""
+    """What the health view shows of a node: its checks, those failed that count, those whose replay matched, its
+    reputation's weight."""
     checks: int
     fails: int
     score: float
     suspended: bool
     reason: str
+    replayed: int = 0
 
 
 def draw(rng: random.Random, rate: float) -> bool:
@@ -209,7 +213,7 @@ class Validator(threading.Thread):
         self._lock = threading.Lock()
         self._offered: dict[str, int] = {}  # node -> the latest round it offered, drawn for or not
         self._requested: dict[str, int] = {}  # node -> the round whose evidence it was asked for, until it came
-        self._counts: dict[str, tuple[int, int, str]] = {}  # node -> (checks, fails, last reason)
+        self._counts: dict[str, tuple[int, int, str, int]] = {}  # node -> (checks, fails, last reason, replayed)
         self._since_fail: dict[str, int] = {}  # node -> its checks since its last failed one that counts
         self._suspended: dict[str, str] = {}
         self.refused = 0  # evidence refused before scoring (malformed, unsigned, queue full)
@@ -240,13 +244,13 @@ class Validator(threading.Thread):
         """Fewer than ``probation_checks`` checks, or as many since its last failed check that counts (under the
         lock): a node that failed is watched every round until it passes that many again."""
         probation = self.cfg.verification.probation_checks
-        return self._counts.get(node_id, (0, 0, ""))[0] < probation or self._since_fail.get(node_id, probation) < probation
+        return self._counts.get(node_id, (0,))[0] < probation or self._since_fail.get(node_id, probation) < probation
 
     def _replay_due(self, node_id: str) -> bool:
         """A node's first check, and its checks on probation after a failed one, replay the round: an attacker from
         its first round is caught at its first check, and one caught is watched by the replay until it passes."""
         with self._lock:
-            first = self._counts.get(node_id, (0, 0, ""))[0] == 0
+            first = self._counts.get(node_id, (0,))[0] == 0
             return first or node_id in self._since_fail and self._on_probation(node_id)
 
     def take_commitments(self, who: Candidate, encoded: Sequence[bytes]) -> str:
@@ -348,7 +352,7 @@ class Validator(threading.Thread):
     def totals(self) -> tuple[float, int]:
         """(CPU seconds spent checking, checks made)."""
         with self._lock:
-            return self.scoring_s, sum(c for c, _, _ in self._counts.values())
+            return self.scoring_s, sum(c[0] for c in self._counts.values())
 
     def suspended(self) -> set[str]:
         with self._lock:
@@ -362,8 +366,8 @@ class Validator(threading.Thread):
             weights = {n: weight_multiplier(self.book.nodes[n], now, self.book.policy) for n in counts
                        if n in self.book.nodes}
         return {node_id: NodeVerdict(checks, fails, weights.get(node_id, 1.0), node_id in suspended,
-                                     suspended.get(node_id) or reason)
-                for node_id, (checks, fails, reason) in counts.items()}
+                                     suspended.get(node_id) or reason, replayed)
+                for node_id, (checks, fails, reason, replayed) in counts.items()}
 
     # ---- the validator's thread ----------------------------------------------------------------------------------
     def run(self) -> None:
@@ -428,19 +432,22 @@ class Validator(threading.Thread):
             result = self.scorer.score(ev.params, ev.contribution, own, other)
         except ValueError as e:  # the global parameters in the evidence give no finite loss
             return failed(scoring.MALFORMED, f"evidence.params: {e}")
-        if result.passed and self.replay.drawn(self._replay_due(who.node_id)):
+        replayed = result.passed and self.replay.drawn(self._replay_due(who.node_id))
+        if replayed:
             result = self.replay.check(ev, given)
-        return Check(who.node_id, round_number, result.passed, result.failed, result.reason, check_weight(result))
+        return Check(who.node_id, round_number, result.passed, result.failed, result.reason, check_weight(result),
+                     replayed and result.passed)
 
     def record(self, who: Candidate, check: Check) -> None:
         now = self.now()
         suspend = None
         with self._lock:
-            checks, fails, _ = self._counts.get(who.node_id, (0, 0, ""))
+            checks, fails, _, replayed = self._counts.get(who.node_id, (0, 0, "", 0))
             counted = check.passed or check.weight > 0
             verdict_words = "passed" if check.passed else "FAILED" if counted else "inconclusive (not counted)"
             self._counts[who.node_id] = (checks + 1, fails + (counted and not check.passed),
-                                         f"round {check.round}: {verdict_words}: {check.reason}")
+                                         f"round {check.round}: {verdict_words}: {check.reason}",
+                                         replayed + check.replayed)
             if counted and not check.passed:
                 self._since_fail[who.node_id] = 0
             elif who.node_id in self._since_fail:

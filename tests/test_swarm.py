@@ -328,7 +328,7 @@ def test_a_byzantine_node_is_caught_by_the_validator_while_centered_clip_holds_i
     for name in ("node-0", "node-1"):  # checked too, and never failed a check that counts
         v = final[name].verification
         assert v.checks >= 1 and not v.suspended and v.reputation == 1.0, (name, v)
-        assert "passed: replayed" in v.reason, (name, v)
+        assert v.replayed >= 1, (name, v)  # its first check replays, whatever the latest verdict was
     assert_learned(cfg, load_checkpoint(tmp_path / "nodes" / "node-0" / "last.safetensors").model_state())
 
 

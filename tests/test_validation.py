@@ -147,16 +147,19 @@ def test_a_nodes_first_check_replays_and_so_does_each_after_a_failed_one(setting
     v.record(who(key), first)
     second = v.check(who(key), 3, honest)
     v.record(who(key), second)
-    assert "replayed" in first.reason and first.passed and second.passed and "replayed" not in second.reason
+    assert first.replayed and first.passed and second.passed and not second.replayed
+    assert v.verdicts()["node-a"].replayed == 1
     failed = v.check(who(key), 3, evidence(key, setting, setting[4] * 10, traced=True))
     v.record(who(key), failed)
-    assert not failed.passed and failed.weight == 1.0
+    assert not failed.passed and failed.weight == 1.0 and not failed.replayed
     assert v.wants("node-a", 10) == 10  # on probation again: asked every round
-    for _ in range(setting[0].verification.probation_checks):  # every check on probation replays
+    probation = setting[0].verification.probation_checks
+    for _ in range(probation):  # every check on probation replays
         check = v.check(who(key), 3, honest)
         v.record(who(key), check)
-        assert check.passed and "replayed" in check.reason, check
-    assert "replayed" not in v.check(who(key), 3, honest).reason  # probation over: back to the draw
+        assert check.passed and check.replayed, check
+    assert not v.check(who(key), 3, honest).replayed  # probation over: back to the draw
+    assert v.verdicts()["node-a"].replayed == 1 + probation
 
 
 def test_the_bytes_a_node_read_are_scored_and_must_lie_in_its_units(setting, key):

@@ -91,7 +91,8 @@ def health_table(health: pb.SwarmHealth):
     checked = [n for n in health.nodes if n.HasField("verification")]
     for node in checked:  # verification: what the coordinator's checks found, in words
         v = node.verification
-        lines.append(f"checks of {node.node_name}: {v.checks - v.failed}/{v.checks} passed, reputation "
+        lines.append(f"checks of {node.node_name}: {v.checks - v.failed}/{v.checks} passed "
+                     f"({v.replayed} replayed), reputation "
                      f"{v.reputation:.2f}" + (", SUSPENDED" if v.suspended else "") + f": {v.reason}")
     parts = [table, Text("\n".join(lines))]
     if health.alerts:

@@ -339,18 +339,20 @@ class NodeHealth(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., state: _Optional[str] = ..., metrics: _Optional[_Union[NodeMetrics, _Mapping]] = ..., last_seen_unix: _Optional[float] = ..., joined_unix: _Optional[float] = ..., reason: _Optional[str] = ..., bytes_per_s: _Optional[float] = ..., units: _Optional[_Iterable[str]] = ..., reachability: _Optional[str] = ..., groupmates: _Optional[_Iterable[str]] = ..., verification: _Optional[_Union[Verification, _Mapping]] = ...) -> None: ...
 
 class Verification(_message.Message):
-    __slots__ = ("checks", "failed", "reputation", "suspended", "reason")
+    __slots__ = ("checks", "failed", "reputation", "suspended", "reason", "replayed")
     CHECKS_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     REPUTATION_FIELD_NUMBER: _ClassVar[int]
     SUSPENDED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
     checks: int
     failed: int
     reputation: float
     suspended: bool
     reason: str
-    def __init__(self, checks: _Optional[int] = ..., failed: _Optional[int] = ..., reputation: _Optional[float] = ..., suspended: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    replayed: int
+    def __init__(self, checks: _Optional[int] = ..., failed: _Optional[int] = ..., reputation: _Optional[float] = ..., suspended: _Optional[bool] = ..., reason: _Optional[str] = ..., replayed: _Optional[int] = ...) -> None: ...
 
 class SwarmTotals(_message.Message):
     __slots__ = ("nodes_online", "samples_per_s", "global_round", "samples_total", "bytes_sent", "bytes_received", "val_loss", "val_bpc", "val_round", "latest_checkpoint", "latest_checkpoint_round", "val_metrics", "epoch", "units_total", "units_pending", "units_in_progress", "units_done", "units_reissued", "scheduling_reason", "validator_cpu_s", "checks")

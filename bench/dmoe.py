@@ -42,6 +42,7 @@ def row_config(name: str, data) -> RunConfig:
     sections = {"data": {"source": data}} if data else {}
     if name == "local_moe":
         sections["model"] = {"kind": "moe_lstm"}
+        sections["moe"] = {"experts": "local"}
     return cfg.with_overrides(**sections)
 
 

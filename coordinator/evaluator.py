@@ -14,25 +14,33 @@ import functools
 import logging
 from typing import Callable, Optional
 
+from cotrain.moe.mixture import TooFewExperts
+
 logger = logging.getLogger(__name__)
 
 Result = tuple[int, dict]  # (round, metrics)
 
 
 def evaluate_checkpoint(config_toml: str, data: bytes, max_bytes: int = 0, controller: bool = False,
-                        corpus=None) -> dict:
+                        corpus=None, experts=None) -> dict:
     """The metrics of the checkpoint ``data`` (its bytes) under the run config ``config_toml``. ``corpus``: the
-    run's, when the caller keeps it (else it is read here)."""
+    run's, when the caller keeps it (else it is read here). ``experts``: a hosted mixture's clients
+    (:class:`cotrain.moe.hosted.TrainerExperts`), called where the directory says each expert lives now."""
     import torch
 
     from cotrain.checkpoint import decode_checkpoint
     from cotrain.config import RunConfig
-    from cotrain.evaluation import evaluate_state
+    from cotrain.evaluation import evaluate_model, model_from_state, read_corpus
 
     torch.set_num_threads(1)
     cfg = RunConfig.from_toml(config_toml)
     state = decode_checkpoint(data).model_state()
-    return evaluate_state(cfg, state, corpus=corpus, max_bytes=max_bytes, controller=controller)
+    corpus = read_corpus(cfg) if corpus is None else corpus
+    model = model_from_state(cfg, state, corpus=corpus)
+    if experts is not None:
+        experts.refresh()
+        experts.attach(model)
+    return evaluate_model(cfg, model, corpus=corpus, max_bytes=max_bytes, controller=controller)
 
 
 class Evaluator:
@@ -41,9 +49,10 @@ class Evaluator:
     :meth:`collect` hands back when it is done (no one waits for it)."""
 
     def __init__(self, config_toml: str, max_bytes: int, every_rounds: int, controller: bool = False,
-                 fleet=None, corpus=None):
+                 fleet=None, corpus=None, experts=None):
         self.config_toml, self.max_bytes, self.every_rounds = config_toml, max_bytes, every_rounds
-        self.controller, self.fleet = controller, fleet
+        # a hosted mixture is evaluated here: a Ray task is not on the data plane, where its experts are called
+        self.controller, self.fleet, self.experts = controller, None if experts is not None else fleet, experts
         if corpus is not None:
             self.corpus = corpus
         self.last_round: Optional[int] = None
@@ -59,7 +68,11 @@ class Evaluator:
             self.last_round = round_number
             args = (self.config_toml, load(), self.max_bytes, self.controller)
             if self.fleet is None:
-                return [(round_number, evaluate_checkpoint(*args, corpus=self.corpus))]
+                try:
+                    return [(round_number, evaluate_checkpoint(*args, corpus=self.corpus, experts=self.experts))]
+                except TooFewExperts as e:  # a hosted mixture whose hosts are away: the next evaluation may do
+                    logger.warning("round %d: not evaluated: %s", round_number, e)
+                    return []
             self.pending.append((round_number, self.fleet.submit(evaluate_checkpoint, *args)))
             logger.info("round %d: evaluation submitted as a Ray task", round_number)
         return self.collect()
@@ -87,7 +100,8 @@ class Evaluator:
         return out
 
 
-def evaluator_for(cfg, fleet=None, corpus=None) -> Evaluator:
-    """``corpus``: the run's, when the caller has read it already (the evaluator reads it otherwise)."""
+def evaluator_for(cfg, fleet=None, corpus=None, experts=None) -> Evaluator:
+    """``corpus``: the run's, when the caller has read it already (the evaluator reads it otherwise); ``experts``: a
+    hosted mixture's clients."""
     c = cfg.coordinator
-    return Evaluator(cfg.to_toml(), c.eval_bytes, c.eval_every_rounds, c.eval_controller, fleet, corpus)
+    return Evaluator(cfg.to_toml(), c.eval_bytes, c.eval_every_rounds, c.eval_controller, fleet, corpus, experts)

@@ -38,6 +38,8 @@ from cotrain.coordinator.reachability import Prober
 from cotrain.coordinator.service import CoordinatorService, RunInfo, SwarmSummary
 from cotrain.coordinator.store import StateDirError, Store
 from cotrain.moe.assignment import run_experts
+from cotrain.moe.host import expert_namespace
+from cotrain.moe.hosted import TrainerExperts
 from cotrain.coordinator.validation import Validator
 from cotrain.verification.reputation import Book, ReputationError
 from cotrain.coordinator.web import WebServer
@@ -231,12 +233,17 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
                   unit_ranges=unit_ranges(cfg, corpus), unit_deadline_s=cfg.coordinator.unit_deadline_s,
                   seed=cfg.run.seed, byte_counts=corpus.byte_counts() if corpus is not None else [],
                   forget_after_s=cfg.coordinator.forget_after_s,
-                  experts=run_experts(cfg.moe.grid, cfg.moe.layers) if cfg.model.kind == "moe_lstm" else [])
+                  experts=run_experts(cfg.moe.grid, cfg.moe.layers) if cfg.hosts_experts else [])
     prober = Prober()
     validator = start_validator(cfg, run_id, corpus, run.unit_ranges, lambda: service.units.units.values(), store)
     service = CoordinatorService(store, run, summary, issuer, prober, publish_revocations, validator=validator)
     fleet = None if resources is None else start_fleet(options, resources)
-    checkpointer = Checkpointer(cfg, run_id, model, exchange, board, store, summary, evaluator_for(cfg, fleet, corpus=corpus))
+    experts = None
+    if cfg.hosts_experts:  # the coordinator evaluates the mixture with its experts on their hosts
+        experts = TrainerExperts(dht, expert_namespace(run_id), admission, cfg.moe.layers, cfg.moe.grid,
+                                 service.experts.directory, cfg.moe.timeout_s, cfg.moe.down_s)
+    checkpointer = Checkpointer(cfg, run_id, model, exchange, board, store, summary,
+                                evaluator_for(cfg, fleet, corpus=corpus, experts=experts))
 
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
     # every RPC of the proto, with malformed requests answered INVALID_ARGUMENT before the service sees them
@@ -362,6 +369,8 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
         await health_servicer.enter_graceful_shutdown()
         await server.stop(grace=2.0)
         exchange.shutdown(linger_s=0)
+        if experts is not None:
+            experts.shutdown()
         dht.shutdown()
         store.close()
         (options.state_dir / "coordinator.json").unlink(missing_ok=True)

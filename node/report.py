@@ -32,6 +32,7 @@ class Metrics:
         self.heartbeat_ms = 0.0  # the previous heartbeat's round trip
         self.lr = math.nan  # the inner lr of the last step
         self.lr_samples = 0.0  # where the last step stood on the run's schedule (the swarm's samples)
+        self.skipped_steps = 0  # steps left out: too few of a hosted mixture's experts answered
 
     def update(self, loss: float, samples: int, compute_s: float, lr: float = math.nan, at: float = 0.0) -> None:
         now = time.monotonic()
@@ -77,6 +78,6 @@ def status_figures(metrics: pb.NodeMetrics, m: Metrics, a: RoundAverager) -> dic
     the figures: a bench divides them by the rounds between two snapshots."""
     own, tree = cpu_seconds(os.getpid())
     with m.lock:  # one step's pair: ``metrics`` was read before, and the training loop has taken steps since
-        lr, lr_samples = m.lr, m.lr_samples
+        lr, lr_samples, skipped = m.lr, m.lr_samples, m.skipped_steps
     return dict(message_to_dict(metrics), time=time.time(), pid=os.getpid(), cpu_s=own, cpu_tree_s=tree,
-                lr=lr, lr_samples=lr_samples, contributed=a.tally.contributed, swarm_view=a.tally.swarm_view())
+                lr=lr, lr_samples=lr_samples, skipped_steps=skipped, contributed=a.tally.contributed, swarm_view=a.tally.swarm_view())

@@ -24,6 +24,8 @@ from cotrain.averaging.admission import AdmissionError, public_key_from_bytes
 from cotrain.client import CoordinatorClient, CoordinatorUnavailable
 from cotrain.config import RunConfig
 from cotrain.models import count_parameters
+from cotrain.moe.mixture import TooFewExperts
+from cotrain.outage import Outage
 from cotrain.optim import build_optimizer
 from cotrain.optim.schedule import Schedule, lr_factor
 from cotrain.tasks import build_task
@@ -81,6 +83,7 @@ class Node:
         self.averaging: Optional[RoundAverager] = None
         self.evidence: Optional[EvidenceKeeper] = None
         self.admission: Optional[Admission] = None
+        self.experts = None  # moe.experts = "hosted": the clients of the run's expert hosts (TrainerExperts)
         self.identity = NodeIdentity(options.state_dir, options.coordinator)
 
     # ---- signals -------------------------------------------------------------------------------------------------
@@ -144,6 +147,8 @@ class Node:
         self.admission.apply_revocations(reply.revocations)
         heartbeat = threading.Thread(target=self._heartbeat_loop, args=(response.heartbeat_interval_s,),
                                      name="heartbeat", daemon=True)
+        if cfg.hosts_experts:
+            self.experts = self._connect_experts(dht, response.run.run_id, cfg, model)
         opt_cfg = cfg.optimizer
         optimizer = build_optimizer(model, opt_cfg)
         # verification.enabled: each round's evidence, kept for the coordinator's validator
@@ -184,8 +189,22 @@ class Node:
                                       self.node_metrics() if self.averaging is not None else None)
                 except Exception as e:
                     logger.warning("could not tell the coordinator we leave: %s", e)
+                if self.experts is not None:
+                    self.experts.shutdown()
                 dht.shutdown()
                 self.client.close()
+
+    def _connect_experts(self, dht, run_id: str, cfg: RunConfig, model):
+        """The clients of the run's expert hosts, attached to ``model``'s mixture layers; where each expert lives
+        is read from the coordinator now and every few seconds (cotrain.moe.hosted)."""
+        from cotrain.moe.host import expert_namespace
+        from cotrain.moe.hosted import TrainerExperts
+
+        experts = TrainerExperts(dht, expert_namespace(run_id), self.admission, cfg.moe.layers, cfg.moe.grid,
+                                 lambda: self.client.experts(give_up_after=2.0), cfg.moe.timeout_s, cfg.moe.down_s)
+        experts.attach(model)
+        experts.start(self.stop)
+        return experts
 
     def _train(self, task, model, optimizer, cfg: RunConfig, device, train_bytes: int) -> None:
         """Train on the coordinator's work units until told to stop; ``train_bytes``: the training split's size."""
@@ -215,6 +234,7 @@ class Node:
         status = TerminalStatus()
         idle = IdleMonitor(OtherProcessesLoad()) if self.options.only_when_idle else None
         last_idle_check = 0.0
+        too_few = Outage("the mixture's experts", logger)
         while not self.stop.is_set():
             if batches.done:  # the unit is trained once: report it, take the next
                 self.work.report(unit, unit_samples)
@@ -258,8 +278,16 @@ class Node:
                 tracer.before_step(position.round, position.steps, params, optimizer, state, lr, batches.last_ranges())
             if record is not None:
                 record.step(position.round, position.steps, at, lr)
-            with precision.autocast():
-                loss, state, samples = task.step(model, batch, state, device)
+            try:
+                with precision.autocast():
+                    loss, state, samples = task.step(model, batch, state, device)
+            except TooFewExperts as e:  # moe.experts = "hosted": the step waits for the experts' hosts
+                too_few.failed(e, action="skipping steps until they answer")
+                self.metrics.skipped_steps += 1
+                self.stop.wait(1.0)
+                continue
+            if too_few.down:
+                too_few.succeeded()
             optimizer.zero_grad(set_to_none=True)
             # the step's one wait for the device (fp16 adds its overflow check): whether the loss is finite decides
             # the update. No other wait: the backward and optimizer step run on while the next batch is read

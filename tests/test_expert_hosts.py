@@ -80,10 +80,13 @@ def test_a_run_without_experts_says_so(coordinator):
         client.close()
 
 
-def test_expert_hosts_serve_a_trainer_and_a_killed_hosts_experts_move(tmp_path, moe_coordinator):
-    """Two `cotrain expert serve` processes, as a volunteer starts them, share the grid; a trainer (a member with a
-    credential) calls every expert; one host is killed (SIGKILL: no goodbye), and within the pool's 20 s and a
-    report its experts are served by the other."""
+def test_a_trainer_trains_on_expert_hosts_and_goes_on_when_a_host_is_killed(tmp_path, moe_coordinator):
+    """Two `cotrain expert serve` processes, as a volunteer starts them, share the grid, and a `cotrain node join`
+    trainer steps on their experts (a step needs an answer for every chunk: k_min = 1), as the coordinator's
+    evaluation does; a member's client calls every expert; one host is killed (SIGKILL: no goodbye), and within the pool's 15 s and a report its experts are served
+    by the other, while the trainer steps on."""
+    import json
+    import math
     import os
     import signal
     import subprocess
@@ -100,24 +103,32 @@ def test_expert_hosts_serve_a_trainer_and_a_killed_hosts_experts_move(tmp_path, 
 
     cotrain = str(Path(sys.executable).with_name("cotrain"))
     coordinator, cfg = moe_coordinator
-    hosts, dht, trainer, remote, survivor, logs = [], None, None, None, None, []
+    hosts, dht, member_client, remote, survivor, logs, node = [], None, None, None, None, [], None
     try:
         for name in ("a", "b"):
             log = open(tmp_path / f"host-{name}.log", "wb")
             hosts.append(subprocess.Popen([cotrain, "expert", "serve", coordinator.address, "--insecure",
                                            "--token", coordinator.token, "--name", f"host-{name}", "--experts", "4"],
                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        dht = start_dht(coordinator.info["dht"], identity_path=str(tmp_path / "trainer.key"))
-        trainer = CoordinatorClient(coordinator.address, insecure=True)
-        joined = trainer.join(coordinator.token, "trainer")
-        reply = trainer.register_peer(str(dht.peer_id), visible_maddrs(dht),
-                                      load_record_key(None).get_public_key().to_bytes(), client_mode=True)
+        node = coordinator.start_node("trainer", state_dir=tmp_path / "trainer", extra=["--threads", "1"])
+
+        def steps() -> int:
+            try:
+                return json.loads((tmp_path / "trainer" / "status.json").read_text())["step"]
+            except (OSError, ValueError, KeyError):
+                return 0
+
+        dht = start_dht(coordinator.info["dht"], identity_path=str(tmp_path / "member.key"))
+        member_client = CoordinatorClient(coordinator.address, insecure=True)
+        joined = member_client.join(coordinator.token, "member")
+        reply = member_client.register_peer(str(dht.peer_id), visible_maddrs(dht),
+                                            load_record_key(None).get_public_key().to_bytes(), client_mode=True)
         admission = Admission(joined.run.run_id, public_key_from_bytes(joined.coordinator_public_key),
                               enabled=cfg.coordinator.data_plane_auth)
         admission.set_credential(reply.credential)
 
         def hosted() -> dict:
-            d = trainer.experts()
+            d = member_client.experts()
             return d if len(d) == 4 else {}
 
         wait_for(hosted, 120, interval=1.0, what="the hosts to hold the 4 experts")
@@ -132,6 +143,12 @@ def test_expert_hosts_serve_a_trainer_and_a_killed_hosts_experts_move(tmp_path, 
             return all(y is not None and y.shape == x.shape for y in remote({i: x for i in range(4)}).values())
 
         wait_for(every_expert_answers, 30, interval=1.0, what="every expert to answer")
+        # a step is taken only when the experts answered: the trainer's model holds none of them
+        wait_for(lambda: steps() >= 15, 120, interval=0.5, what="the trainer to step on the hosts' experts",
+                 procs=[node])
+        # the coordinator evaluates the shared model with the experts on their hosts too
+        wait_for(lambda: math.isfinite(coordinator.health().totals.val_bpc), 60, interval=0.5,
+                 what="the coordinator to evaluate the mixture", procs=[node])
 
         # kill a host that holds experts (the first to report may hold them all: moving an expert costs, so
         # the plan keeps experts where they are); each host's log names its peer
@@ -141,12 +158,16 @@ def test_expert_hosts_serve_a_trainer_and_a_killed_hosts_experts_move(tmp_path, 
         survivor = hosts[1 - holder]
         os.kill(hosts[holder].pid, signal.SIGKILL)
         hosts[holder].wait(10)
+        at_kill = steps()
         wait_for(lambda: hosted() and not set(hosted().values()) & killed, 60, interval=1.0,
                  what="the killed host's experts to move")
         moved = hosted()
         assert survivor.poll() is None
-        remote.hosts = {i: (u, PeerID.from_base58(moved[u])) for i, u in enumerate(uids)}
+        remote.set_hosts({i: (u, PeerID.from_base58(moved[u])) for i, u in enumerate(uids)})
         wait_for(every_expert_answers, 30, interval=1.0, what="every expert to answer from the survivor")
+        wait_for(lambda: steps() >= at_kill + 15, 90, interval=0.5, what="the trainer to step on after the kill",
+                 procs=[node])
+        assert node.stop(30) == 0, node.log()[-3000:]
     finally:
         for proc in hosts:
             if proc.poll() is None:
@@ -157,10 +178,12 @@ def test_expert_hosts_serve_a_trainer_and_a_killed_hosts_experts_move(tmp_path, 
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if node is not None and node.alive():
+            node.stop(30)
         if remote is not None:
             remote.shutdown()
-        if trainer is not None:
-            trainer.close()
+        if member_client is not None:
+            member_client.close()
         if dht is not None:
             dht.shutdown()
     assert survivor is not None and survivor.returncode == 0, logs

@@ -8,6 +8,7 @@ from torch.nn import functional as F
 from cotrain.config import RunConfig
 from cotrain.models import build_model
 from cotrain.models.moe_lm import MixtureLM
+from cotrain.moe.hosted import hosted_layers, layer_hosts
 from cotrain.moe.mixture import LocalExperts, MixtureLayer, TooFewExperts
 
 SMALL = dict(embed_dim=16, hidden_size=32, grid=(2, 3), expert_hidden=32, k=2, chunk=8)
@@ -66,11 +67,38 @@ def test_a_silent_expert_is_left_out_and_too_few_answers_refuse_the_step():
         strict(h)
 
 
+def moe_config(experts: str) -> RunConfig:
+    return RunConfig.model_validate({"model": {"kind": "moe_lstm", "embed_dim": 16, "hidden_size": 32},
+                                     "moe": {"grid": [2, 2], "expert_hidden": 16, "k": 2, "chunk": 4, "layers": 2,
+                                             "experts": experts}})
+
+
 def test_the_run_config_builds_it():
-    cfg = RunConfig.model_validate({"model": {"kind": "moe_lstm", "embed_dim": 16, "hidden_size": 32},
-                                    "moe": {"grid": [2, 2], "expert_hidden": 16, "k": 2, "chunk": 4, "layers": 2}})
-    model = build_model(cfg)
+    model = build_model(moe_config("local"))
     assert isinstance(model, MixtureLM) and len(model.rnn.layers) == 2
     assert len(model.rnn.layers[0].experts.experts) == 4
     logits, state = model(torch.randint(0, 256, (2, 9)))
     assert logits.shape == (2, 9, 256) and state is not None
+
+
+def test_a_hosted_mixtures_trainer_holds_no_expert_and_steps_only_once_attached():
+    local, hosted = build_model(moe_config("local")), build_model(moe_config("hosted"))
+    names = {n for n, _ in hosted.named_parameters()}
+    assert names == {n for n, _ in local.named_parameters() if ".experts." not in n}  # the shared state: no expert
+    assert [layer.layer for layer in hosted_layers(hosted)] == [0, 1] and hosted_layers(local) == []
+    with pytest.raises(TooFewExperts, match="0 expert"):  # not attached yet: the trainer skips the step
+        hosted(torch.randint(0, 256, (2, 9)))
+    for layer, own in zip(hosted_layers(hosted), local.rnn.layers):
+        layer.attach(own.experts)  # any Experts: here the local model's
+    logits, _ = hosted(torch.randint(0, 256, (2, 9)))
+    assert logits.shape == (2, 9, 256)
+
+
+@pytest.mark.parametrize("directory, layer, expected", [
+    ({}, 0, {}),
+    ({"moe0.0.0": "P1", "moe0.1.1": "P2", "moe1.0.0": "P3"}, 0, {0: ("moe0.0.0", "P1"), 3: ("moe0.1.1", "P2")}),
+    ({"moe0.0.0": "P1", "moe1.0.1": "P3"}, 1, {1: ("moe1.0.1", "P3")}),
+    ({"moe0.2.0": "P1", "moe0.0.1": "", "other": "P4"}, 0, {}),  # off the grid, no peer, not an expert
+])
+def test_a_layers_hosts_come_from_the_directory(directory, layer, expected):
+    assert layer_hosts(directory, layer, (2, 2)) == expected

@@ -431,6 +431,11 @@ class RunConfig(ConfigFile, _Section):
     #: The table and the reasons: cotrain.precision
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
 
+    @property
+    def hosts_experts(self) -> bool:
+        """Whether the run's experts live on expert hosts (``cotrain expert serve``), not in its trainers."""
+        return self.model.kind == "moe_lstm" and self.moe.experts == "hosted"
+
     @model_validator(mode="after")
     def _schedule(self) -> "RunConfig":
         from cotrain.optim.schedule import Schedule

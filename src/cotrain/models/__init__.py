@@ -60,7 +60,7 @@ def _construct(cfg, byte_counts) -> nn.Module:
 
         e = cfg.moe
         model = MixtureLM(m.embed_dim, m.hidden_size, m.num_layers, m.dropout, e.grid, e.expert_hidden, e.k, e.k_min,
-                          e.chunk, e.layers)
+                          e.chunk, e.layers, experts="hosted" if e.experts == "hosted" else None)
     elif m.kind in ("lru", "hgrn2", "mingru"):
         model = LinearRecurrentLM(m.kind, m.embed_dim, m.hidden_size, m.num_layers, m.dropout, m.state_size,
                                   m.expand_ratio, m.mlp_ratio)

@@ -7,12 +7,13 @@ LSTM, the gates, the head) and average it as the swarm's rounds do.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence, Union
 
 from torch import nn
 
 from cotrain.models.rnn_lm import VOCAB_SIZE, ByteLanguageModel
 from cotrain.moe.gating import grid_experts
+from cotrain.moe.hosted import HostedExperts
 from cotrain.moe.mixture import Experts, LocalExperts, MixtureLayer
 
 
@@ -33,10 +34,13 @@ class MixtureCore(nn.Module):
 class MixtureLM(ByteLanguageModel):
     def __init__(self, embed_dim: int = 64, hidden_size: int = 256, num_layers: int = 1, dropout: float = 0.1,
                  grid: Sequence[int] = (4, 4), expert_hidden: int = 512, k: int = 4, k_min: int = 1,
-                 chunk: int = 32, moe_layers: int = 1, experts: Optional[Sequence[Experts]] = None,
+                 chunk: int = 32, moe_layers: int = 1, experts: Union[None, str, Sequence[Experts]] = None,
                  vocab_size: int = VOCAB_SIZE):
-        """``experts``: one :class:`Experts` a mixture layer (None: every expert in this process)."""
+        """``experts``: one :class:`Experts` a mixture layer; None: every expert in this process; "hosted": on expert
+        hosts (:class:`cotrain.moe.hosted.HostedExperts`, none until attached)."""
         count = len(grid_experts(grid))
+        if experts == "hosted":  # on expert hosts: attached once the node is on the data plane
+            experts = [HostedExperts(layer) for layer in range(moe_layers)]
         if experts is None:
             experts = [LocalExperts(count, hidden_size, expert_hidden) for _ in range(moe_layers)]
         if len(experts) != moe_layers:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from cotrain.config_file import Section
@@ -21,6 +23,14 @@ class MoEConfig(Section):
     #: time steps routed together: one call to an expert carries a chunk of each row sent to it
     chunk: int = Field(32, ge=1, le=4096)
     layers: int = Field(1, ge=1, le=8)
+    #: "hosted": the experts live on expert hosts (``cotrain expert serve``), assigned by the coordinator, and a
+    #: trainer calls them over the data plane; its shared state is everything else. "local": every trainer holds
+    #: every expert and averages them with the rest (the reference a decentralized mixture is measured against)
+    experts: Literal["hosted", "local"] = "hosted"
+    #: seconds a trainer waits for an expert's answer before leaving it out of the step (and not asking it again
+    #: for ``down_s``): a call carries a chunk of a batch's rows, a few ms on a LAN, a few hundred over a WAN
+    timeout_s: float = Field(5.0, gt=0, le=300)
+    down_s: float = Field(30.0, ge=0, le=3600)
 
     @model_validator(mode="after")
     def _sizes(self) -> "MoEConfig":

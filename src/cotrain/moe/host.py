@@ -218,12 +218,25 @@ class RemoteExperts(_OnDaemon):
         self.refusals: dict[int, str] = {}  # expert -> the last reason its host refused a call
         super().__init__(dht, f"experts-client-{namespace}")
 
+    def set_hosts(self, hosts: Mapping[int, tuple[str, PeerID]]) -> None:
+        """Where the experts live from now on (the coordinator moved some): an expert on another host than before
+        may be asked at once, whatever its last host did."""
+        hosts = dict(hosts)
+        for expert, where in hosts.items():
+            if self.hosts.get(expert) != where:
+                self._down_until.pop(expert, None)
+        self.hosts = hosts  # one assignment: a call reads either map whole
+
     def available(self) -> list[int]:
-        now = time.monotonic()
-        return sorted(e for e in self.hosts if self._down_until.get(e, 0.0) <= now)
+        now, hosts = time.monotonic(), self.hosts
+        return sorted(e for e in hosts if self._down_until.get(e, 0.0) <= now)
 
     async def _call(self, expert: int, x: torch.Tensor, grad: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        uid, peer = self.hosts[expert]
+        where = self.hosts.get(expert)
+        if where is None:  # its host left between the routing and the call
+            self.failed["backward" if grad is not None else "forward"] += 1
+            return None
+        uid, peer = where
         call = pb.ExpertCall(credential=self.admission.credential(), uid=uid, backward=grad is not None,
                              shape=list(x.shape), inputs=encode_values(x),
                              grad_outputs=encode_values(grad) if grad is not None else b"")

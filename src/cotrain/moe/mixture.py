@@ -78,6 +78,9 @@ class MixtureLayer(nn.Module):
         valid = valid.reshape(batch * chunks, self.chunk, 1)
         summary = (x * valid).sum(dim=1) / valid.sum(dim=1)  # each chunk's mean over its real time steps
         available = self.experts.available()
+        if len(available) < self.k_min:
+            raise TooFewExperts(f"{len(available)} expert(s) of the layer can be called, fewer than k_min = "
+                                f"{self.k_min}")
         picked, scores = top_k(split_scores(self.gate(summary), self.grid), [self.cells[e] for e in available], self.k)
         expert_of = torch.as_tensor(available, device=picked.device)[picked]  # (rows, k) grid indices
         answers = x.new_zeros(*expert_of.shape, self.chunk, dim)

@@ -117,6 +117,8 @@ def not_replayable(cfg) -> str:
     """Why a run's rounds cannot be replayed ("" when they can)."""
     if cfg.model.is_world_model:
         return "world models' rollouts are not in the trace"
+    if cfg.hosts_experts:
+        return "the mixture's experts step on their hosts, not in the trace"
     if cfg.optimizer.kind not in REPLAYABLE_OPTIMIZERS:
         return f"optimizer.kind {cfg.optimizer.kind!r}: its state is not in the trace"
     if cfg.averaging.strategy != "diloco" or cfg.averaging.overlap:

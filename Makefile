@@ -19,7 +19,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python
-	$(BIN)/python -m pip install -q --upgrade pip
+	@# the venv's own pip when it is 23 or later (it installs the project editable); an older one is upgraded first
+	$(BIN)/python -c "import pip, sys; sys.exit(int(pip.__version__.split('.')[0]) < 23)" || \
+	  $(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(PIP_TORCH_FLAGS) "$(TORCH)"
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@

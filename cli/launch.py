@@ -311,3 +311,12 @@ def start_node(address: str, token: str, name: str, state_dir: Path, log_path: O
     args = ["node", "join", address, "--token", token, "--name", name, "--insecure", "--state-dir", str(state_dir),
             *extra]
     return Proc(name, args, log_path or Path(state_dir) / "node.log", prefix=prefix, zygote=zygote)
+
+
+def start_expert_host(address: str, token: str, name: str, state_dir: Path, experts: int,
+                      extra: Sequence[str] = (), zygote=None) -> Proc:
+    """``cotrain expert serve`` holding at most ``experts`` experts, listening on loopback (trainers on this machine
+    call it)."""
+    args = ["expert", "serve", address, "--token", token, "--name", name, "--insecure", "--state-dir",
+            str(state_dir), "--experts", str(experts), *extra]
+    return Proc(name, args, Path(state_dir) / "host.log", zygote=zygote)

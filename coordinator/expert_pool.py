@@ -8,10 +8,11 @@ minute at the default. Trainers read :meth:`ExpertPool.directory`: each expert's
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from cotrain.moe.assignment import ExpertPlan, Host, plan_experts
 
@@ -22,12 +23,25 @@ MAX_CAPACITY = 4096
 
 
 @dataclass(frozen=True)
+class Load:
+    """What one expert did on its host: calls answered, its optimizer's steps, and the steps it started from there."""
+    uid: str
+    forward: int = 0
+    backward: int = 0
+    updates: int = 0
+    started_from: int = 0
+
+
+@dataclass(frozen=True)
 class HostReport:
     node_id: str
     peer_id: str
     capacity: int
     holds: tuple[str, ...]
     at: float
+    #: each expert it holds, as it said
+    served: tuple[Load, ...] = ()
+    refused: int = 0  # calls it refused since it started
 
 
 class ExpertPool:
@@ -38,14 +52,30 @@ class ExpertPool:
         self._hosts: dict[str, HostReport] = {}
         self._plan = plan_experts(self.uids, [])
 
-    def report(self, node_id: str, peer_id: str, capacity: int, holds: Sequence[str]) -> tuple[str, ...]:
-        """A host's report (hostile: capacity clamped, holds bounded) -> the experts it is to hold now."""
+    def report(self, node_id: str, peer_id: str, capacity: int, holds: Sequence[str],
+               served: Sequence[Load] = (), refused: int = 0) -> tuple[str, ...]:
+        """A host's report (hostile: capacity clamped, holds bounded, the load of experts it does not hold
+        dropped) -> the experts it is to hold now."""
         capacity = max(0, min(int(capacity), MAX_CAPACITY))
         known = set(self.uids)
         held = tuple(dict.fromkeys(u for u in list(holds)[:MAX_CAPACITY] if u in known))
+        load = {x.uid: Load(x.uid, *(max(0, int(v)) for v in (x.forward, x.backward, x.updates, x.started_from)))
+                for x in list(served)[:MAX_CAPACITY] if x.uid in held}
         with self._lock:
-            self._hosts[node_id] = HostReport(node_id, peer_id, capacity, held, self.now())
+            self._hosts[node_id] = HostReport(node_id, peer_id, capacity, held, self.now(), tuple(load.values()),
+                                              max(0, int(refused)))
             return self._replan().holds.get(node_id, ())
+
+    def holder(self, uid: str) -> Optional[str]:
+        """The node that holds ``uid`` as last planned (None: no host, or not an expert of the run)."""
+        with self._lock:
+            return self._plan.host_of().get(uid)
+
+    def hosts(self) -> list[HostReport]:
+        """The hosts alive now, as last heard (what each holds as last planned), by node id."""
+        with self._lock:
+            self._replan()
+            return sorted(self._hosts.values(), key=lambda h: h.node_id)
 
     def leave(self, node_id: str) -> None:
         """A host that left (or was revoked): its experts move at once."""
@@ -62,8 +92,7 @@ class ExpertPool:
         self._plan = plan_experts(self.uids, hosts)
         # what a host is told it holds is what it holds until its next report says otherwise
         for node, uids in self._plan.holds.items():
-            h = self._hosts[node]
-            self._hosts[node] = HostReport(h.node_id, h.peer_id, h.capacity, uids, h.at)
+            self._hosts[node] = dataclasses.replace(self._hosts[node], holds=uids)
         return self._plan
 
     def directory(self) -> dict[str, str]:

@@ -14,7 +14,8 @@ from cotrain.v1 import coordinator_pb2 as pb
 METRIC_FIELDS = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch",
                  "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s", "state_bytes_sent",
                  "state_bytes_received", "peer_id", "units_done", "refused", "groups_from_board", "groups_matchmade",
-                 "meet_s", "allreduce_s", "memory_bytes", "processes", "heartbeat_ms", "lr")
+                 "meet_s", "allreduce_s", "memory_bytes", "processes", "heartbeat_ms", "lr", "expert_calls_failed",
+                 "steps_skipped")
 
 
 class InvalidMetrics(ValueError):

@@ -32,6 +32,7 @@ from cotrain.v1 import coordinator_pb2 as pb
 from cotrain.coordinator.admission import Issuer, load_or_create_key, needs_renewal
 from cotrain.coordinator.checkpointer import Checkpointer
 from cotrain.coordinator.evaluator import evaluator_for
+from cotrain.coordinator.expert_checkpoints import ExpertCheckpoints
 from cotrain.sizing import check_fleet
 from cotrain.coordinator.fleet import Fleet, FleetSizeError, ManagedNodeSpec, RayResources, ray_resources
 from cotrain.coordinator.reachability import Prober
@@ -40,6 +41,7 @@ from cotrain.coordinator.store import StateDirError, Store
 from cotrain.moe.assignment import run_experts
 from cotrain.moe.host import expert_namespace
 from cotrain.moe.hosted import TrainerExperts
+from cotrain.moe.mixture import FeedForward
 from cotrain.coordinator.validation import Validator
 from cotrain.verification.reputation import Book, ReputationError
 from cotrain.coordinator.web import WebServer
@@ -236,7 +238,12 @@ async def serve(cfg: Optional[RunConfig], options: CoordinatorOptions) -> None:
                   experts=run_experts(cfg.moe.grid, cfg.moe.layers) if cfg.hosts_experts else [])
     prober = Prober()
     validator = start_validator(cfg, run_id, corpus, run.unit_ranges, lambda: service.units.units.values(), store)
-    service = CoordinatorService(store, run, summary, issuer, prober, publish_revocations, validator=validator)
+    checkpoints = None
+    if cfg.hosts_experts:
+        checkpoints = ExpertCheckpoints(options.state_dir / "experts", run.experts,
+                                        lambda: FeedForward(cfg.model.hidden_size, cfg.moe.expert_hidden))
+    service = CoordinatorService(store, run, summary, issuer, prober, publish_revocations, validator=validator,
+                                 expert_checkpoints=checkpoints)
     fleet = None if resources is None else start_fleet(options, resources)
     experts = None
     if cfg.hosts_experts:  # the coordinator evaluates the mixture with its experts on their hosts

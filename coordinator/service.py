@@ -34,7 +34,8 @@ from cotrain.coordinator.store import NodeRecord, PeerRecord, Store, hash_secret
 from cotrain.coordinator.swarm_health import SwarmSummary, swarm_health
 from cotrain.coordinator.unit_pool import UnitPool
 from cotrain.coordinator.evidence_intake import heartbeat_verification, take_evidence
-from cotrain.coordinator.expert_intake import get_experts, report_experts
+from cotrain.coordinator.expert_checkpoints import ExpertCheckpoints
+from cotrain.coordinator.expert_intake import experts_health, get_experts, load_expert, report_experts, save_expert
 from cotrain.coordinator.expert_pool import ExpertPool
 from cotrain.coordinator.validation import Candidate, Validator
 from cotrain.coordinator.wire import ThrottledWarning
@@ -88,7 +89,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     def __init__(self, store: Store, run: RunInfo, summary: SwarmSummary, issuer: Issuer, prober: Prober,
                  publish_revocations: Callable[[bytes], None] = lambda signed: None,
-                 clock: Callable[[], float] = time.time, validator: Optional[Validator] = None):
+                 clock: Callable[[], float] = time.time, validator: Optional[Validator] = None,
+                 expert_checkpoints: Optional[ExpertCheckpoints] = None):
         self.store, self.run, self.summary, self.clock = store, run, summary, clock
         self.issuer, self.prober, self.publish_revocations = issuer, prober, publish_revocations
         self.peers: dict[str, PeerRecord] = store.load_peers()
@@ -107,7 +109,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         #: verification.enabled: checks sampled contributions, and names the nodes to suspend
         self.validator = validator
         #: model.kind "moe_lstm": which host holds which expert
-        self.experts: Optional[ExpertPool] = ExpertPool(run.experts) if run.experts else None
+        self.experts: Optional[ExpertPool] = ExpertPool(run.experts, now=clock) if run.experts else None
+        #: the experts' last checkpoints, for the hosts they move to
+        self.expert_checkpoints = expert_checkpoints
         self.refusals = ThrottledWarning(logger)
 
     # ---- helpers -------------------------------------------------------------------------------------------------
@@ -300,6 +304,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     async def GetExperts(self, request: pb.GetExpertsRequest, context) -> pb.GetExpertsResponse:
         return await get_experts(self, request, context)
 
+    async def SaveExpert(self, requests, context) -> pb.SaveExpertResponse:
+        return await save_expert(self, requests, context)
+
+    async def LoadExpert(self, request: pb.LoadExpertRequest, context):
+        async for chunk in load_expert(self, request, context):
+            yield chunk
+
     def _candidate(self, node_id: str) -> Optional[Candidate]:
         node, peer = self.nodes.get(node_id), self.peers.get(node_id)
         if node is None or peer is None:
@@ -377,8 +388,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def health(self) -> pb.SwarmHealth:
         """The swarm as it stands; reads only (lost nodes' units go back to the pool on :meth:`reclaim`)."""
         now = self.clock()
-        return swarm_health(now, run_id=self.run.run_id, heartbeat_interval=self.run.heartbeat_interval,
-                            lost_after_missed=self.run.lost_after_missed, summary=self.summary, nodes=self.nodes,
-                            views=self._views(), peers=self.peers, rates=self.rates, units=self.units,
-                            verdicts=self.validator.verdicts() if self.validator is not None else None,
-                            validator_totals=self.validator.totals() if self.validator is not None else None)
+        health = swarm_health(now, run_id=self.run.run_id, heartbeat_interval=self.run.heartbeat_interval,
+                              lost_after_missed=self.run.lost_after_missed, summary=self.summary, nodes=self.nodes,
+                              views=self._views(), peers=self.peers, rates=self.rates, units=self.units,
+                              verdicts=self.validator.verdicts() if self.validator is not None else None,
+                              validator_totals=self.validator.totals() if self.validator is not None else None)
+        if self.experts is not None:
+            health.experts.CopyFrom(experts_health(self.experts, {n.node_id: n.name for n in self.nodes.values()}))
+        return health

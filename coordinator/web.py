@@ -151,6 +151,36 @@ class SwarmCollector:
                                   "validator spent checking contributions", value=float(t.validator_cpu_s))
         yield GaugeMetricFamily("cotrain_alerts", "alerts in the health view (stragglers, lost nodes, refused peers)",
                                 value=float(len(h.alerts)))
+        if h.HasField("experts"):
+            yield from _expert_metrics(h)
+
+
+def _expert_metrics(h: pb.SwarmHealth):
+    """A hosted mixture's experts: hosts, experts hosted, calls answered by expert and host, refusals, and the
+    trainers' failed calls and skipped steps."""
+    e = h.experts
+    yield GaugeMetricFamily("cotrain_experts", "experts of the run's mixture layers", value=float(e.experts))
+    yield GaugeMetricFamily("cotrain_experts_hosted", "experts that have a host", value=float(e.hosted))
+    yield GaugeMetricFamily("cotrain_expert_hosts", "expert hosts heard from", value=float(len(e.hosts)))
+    calls = CounterMetricFamily("cotrain_expert_calls", "calls an expert answered on its host since the host "
+                                "started", labels=["expert", "host", "kind"])
+    refused = CounterMetricFamily("cotrain_expert_host_refused", "calls an expert host refused",
+                                  labels=["host"])
+    for host in e.hosts:
+        refused.add_metric([host.node_name], float(host.refused))
+        for x in host.served:
+            calls.add_metric([x.uid, host.node_name, "forward"], float(x.forward))
+            calls.add_metric([x.uid, host.node_name, "backward"], float(x.backward))
+    yield calls
+    yield refused
+    for name, doc, get in (("node_expert_calls_failed", "a trainer's expert calls that failed",
+                            lambda m: m.expert_calls_failed),
+                           ("node_steps_skipped", "a trainer's steps skipped for too few experts",
+                            lambda m: m.steps_skipped)):
+        family = CounterMetricFamily(f"cotrain_{name}", doc, labels=["node", "state"])
+        for n in h.nodes:
+            family.add_metric([n.node_name, n.state], float(get(n.metrics)))
+        yield family
 
 
 def _dashboard_html() -> bytes:

@@ -50,8 +50,10 @@ class Metrics:
             self.samples_per_s = (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
 
 
-def node_metrics(m: Metrics, a: RoundAverager, units_done: int, admission: Admission) -> pb.NodeMetrics:
-    """The heartbeat's figures: the training loop's (under its lock) and the averager's (a snapshot of its stats)."""
+def node_metrics(m: Metrics, a: RoundAverager, units_done: int, admission: Admission,
+                 expert_calls_failed: int = 0) -> pb.NodeMetrics:
+    """The heartbeat's figures: the training loop's (under its lock) and the averager's (a snapshot of its stats);
+    ``expert_calls_failed``: a hosted mixture's trainer's."""
     s = a.stats.snapshot()
     with m.lock:
         return pb.NodeMetrics(step=m.step, round=a.round, loss=m.loss, samples_per_s=m.samples_per_s,
@@ -68,7 +70,8 @@ def node_metrics(m: Metrics, a: RoundAverager, units_done: int, admission: Admis
                               refused=admission.refused,
                               refused_peers=sorted(admission.refused_peers)[:32],
                               memory_bytes=m.footprint.pss_bytes, processes=m.footprint.processes,
-                              heartbeat_ms=m.heartbeat_ms, last_group=list(s.last_group[:64]), lr=m.lr)
+                              heartbeat_ms=m.heartbeat_ms, last_group=list(s.last_group[:64]), lr=m.lr,
+                              steps_skipped=m.skipped_steps, expert_calls_failed=expert_calls_failed)
 
 
 def status_figures(metrics: pb.NodeMetrics, m: Metrics, a: RoundAverager) -> dict:
@@ -78,6 +81,6 @@ def status_figures(metrics: pb.NodeMetrics, m: Metrics, a: RoundAverager) -> dic
     the figures: a bench divides them by the rounds between two snapshots."""
     own, tree = cpu_seconds(os.getpid())
     with m.lock:  # one step's pair: ``metrics`` was read before, and the training loop has taken steps since
-        lr, lr_samples, skipped = m.lr, m.lr_samples, m.skipped_steps
+        lr, lr_samples = m.lr, m.lr_samples
     return dict(message_to_dict(metrics), time=time.time(), pid=os.getpid(), cpu_s=own, cpu_tree_s=tree,
-                lr=lr, lr_samples=lr_samples, skipped_steps=skipped, contributed=a.tally.contributed, swarm_view=a.tally.swarm_view())
+                lr=lr, lr_samples=lr_samples, contributed=a.tally.contributed, swarm_view=a.tally.swarm_view())

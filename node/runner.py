@@ -25,7 +25,7 @@ from cotrain.client import CoordinatorClient, CoordinatorUnavailable
 from cotrain.config import RunConfig
 from cotrain.models import count_parameters
 from cotrain.moe.mixture import TooFewExperts
-from cotrain.outage import Outage
+from cotrain.outage import Repeats
 from cotrain.optim import build_optimizer
 from cotrain.optim.schedule import Schedule, lr_factor
 from cotrain.tasks import build_task
@@ -234,7 +234,7 @@ class Node:
         status = TerminalStatus()
         idle = IdleMonitor(OtherProcessesLoad()) if self.options.only_when_idle else None
         last_idle_check = 0.0
-        too_few = Outage("the mixture's experts", logger)
+        too_few = Repeats(logger, every_s=30.0)
         while not self.stop.is_set():
             if batches.done:  # the unit is trained once: report it, take the next
                 self.work.report(unit, unit_samples)
@@ -282,12 +282,11 @@ class Node:
                 with precision.autocast():
                     loss, state, samples = task.step(model, batch, state, device)
             except TooFewExperts as e:  # moe.experts = "hosted": the step waits for the experts' hosts
-                too_few.failed(e, action="skipping steps until they answer")
-                self.metrics.skipped_steps += 1
+                too_few.info("too few experts", "step skipped: %s", e)  # one line every 30 s at most
+                with self.metrics.lock:
+                    self.metrics.skipped_steps += 1
                 self.stop.wait(1.0)
                 continue
-            if too_few.down:
-                too_few.succeeded()
             optimizer.zero_grad(set_to_none=True)
             # the step's one wait for the device (fp16 adds its overflow check): whether the loss is finite decides
             # the update. No other wait: the backward and optimizer step run on while the next batch is read
@@ -368,7 +367,8 @@ class Node:
         return status_figures(self.node_metrics(), self.metrics, self.averaging)
 
     def node_metrics(self) -> pb.NodeMetrics:
-        return node_metrics(self.metrics, self.averaging, self.work.units_done, self.admission)
+        return node_metrics(self.metrics, self.averaging, self.work.units_done, self.admission,
+                            self.experts.calls_failed() if self.experts is not None else 0)
 
     def _heartbeat_loop(self, interval: float) -> None:
         def revocations_changed() -> None:

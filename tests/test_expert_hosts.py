@@ -89,27 +89,22 @@ def test_a_trainer_trains_on_expert_hosts_and_goes_on_when_a_host_is_killed(tmp_
     import math
     import os
     import signal
-    import subprocess
-    import sys
-    from pathlib import Path
 
     import torch
     from hivemind.p2p import PeerID
 
     from cotrain.averaging import Admission
     from cotrain.averaging.admission import public_key_from_bytes
-    from cotrain.cli.launch import wait_for
+    from cotrain.cli.launch import start_expert_host, stop_all, wait_for
     from cotrain.moe.host import RemoteExperts, expert_namespace
 
-    cotrain = str(Path(sys.executable).with_name("cotrain"))
     coordinator, cfg = moe_coordinator
     hosts, dht, member_client, remote, survivor, logs, node = [], None, None, None, None, [], None
     try:
-        for name in ("a", "b"):
-            log = open(tmp_path / f"host-{name}.log", "wb")
-            hosts.append(subprocess.Popen([cotrain, "expert", "serve", coordinator.address, "--insecure",
-                                           "--token", coordinator.token, "--name", f"host-{name}", "--experts", "4"],
-                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        for name in ("a", "b"):  # forked from the module's zygote, as cotrain demo --moe starts them
+            hosts.append(start_expert_host(coordinator.address, coordinator.token, f"host-{name}",
+                                           tmp_path / f"host-{name}", 4, extra=["--checkpoint-every", "1"],
+                                           zygote=coordinator.zygote))
         node = coordinator.start_node("trainer", state_dir=tmp_path / "trainer", extra=["--threads", "1"])
 
         def steps() -> int:
@@ -149,35 +144,39 @@ def test_a_trainer_trains_on_expert_hosts_and_goes_on_when_a_host_is_killed(tmp_
         # the coordinator evaluates the shared model with the experts on their hosts too
         wait_for(lambda: math.isfinite(coordinator.health().totals.val_bpc), 60, interval=0.5,
                  what="the coordinator to evaluate the mixture", procs=[node])
+        # the hosts' reports show the calls their experts answered (every 3 s)
+        wait_for(lambda: sum(x.backward for h in coordinator.health().experts.hosts for x in h.served) > 0, 30,
+                 interval=0.5, what="the hosts to report the calls they answered")
 
         # kill a host that holds experts (the first to report may hold them all: moving an expert costs, so
         # the plan keeps experts where they are); each host's log names its peer
-        logs = [(tmp_path / f"host-{n}.log").read_text() for n in ("a", "b")]
+        logs = [host.log() for host in hosts]
         holder = next(i for i, text in enumerate(logs) if "holding" in text)
         killed = {p for p in directory.values() if p[-8:] in logs[holder]}
         survivor = hosts[1 - holder]
         os.kill(hosts[holder].pid, signal.SIGKILL)
-        hosts[holder].wait(10)
+        wait_for(lambda: not hosts[holder].alive(), 10, interval=0.1, what="the killed host to end")
         at_kill = steps()
         wait_for(lambda: hosted() and not set(hosted().values()) & killed, 60, interval=1.0,
                  what="the killed host's experts to move")
         moved = hosted()
-        assert survivor.poll() is None
+        assert survivor.alive()
+        # the survivor took the moved experts from their checkpoints at the coordinator, not new
+        killed_uids = {u for u, p in directory.items() if p in killed}
+
+        def restored() -> bool:
+            loads = {x.uid: x for h in coordinator.health().experts.hosts for x in h.served}
+            return killed_uids <= set(loads) and any(loads[u].started_from > 0 for u in killed_uids)
+
+        wait_for(restored, 30, interval=0.5, what="the survivor to report the moved experts from their checkpoints")
         remote.set_hosts({i: (u, PeerID.from_base58(moved[u])) for i, u in enumerate(uids)})
         wait_for(every_expert_answers, 30, interval=1.0, what="every expert to answer from the survivor")
         wait_for(lambda: steps() >= at_kill + 15, 90, interval=0.5, what="the trainer to step on after the kill",
                  procs=[node])
         assert node.stop(30) == 0, node.log()[-3000:]
+        assert survivor.stop(30) == 0, survivor.log()[-3000:]  # it checkpoints its experts and leaves
     finally:
-        for proc in hosts:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in hosts:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(hosts, 30)
         if node is not None and node.alive():
             node.stop(30)
         if remote is not None:
@@ -186,4 +185,3 @@ def test_a_trainer_trains_on_expert_hosts_and_goes_on_when_a_host_is_killed(tmp_
             member_client.close()
         if dht is not None:
             dht.shutdown()
-    assert survivor is not None and survivor.returncode == 0, logs

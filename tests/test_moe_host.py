@@ -65,6 +65,26 @@ def test_a_remote_expert_answers_as_the_same_expert_here_forward_and_backward(se
     assert any(not torch.equal(a, b) for a, b in zip(after, before))  # the host trained the expert on it
 
 
+def test_rows_past_a_messages_bound_go_in_pieces_and_come_back_whole(served, monkeypatch):
+    """The daemon takes messages of 4 MiB at most: a trainer's large batch for one expert is asked for in pieces, side
+    by side, and its answer and gradient are the same expert's on all the rows."""
+    from cotrain.moe import host as host_module
+
+    host, remote, twins, _ = served
+    monkeypatch.setattr(host_module, "PIECE_BYTES", 4 * (4 * 4 * DIM))  # 4 rows a forward piece, 2 a backward one
+    x = torch.randn(7, 4, DIM, requires_grad=True)
+    x_here = x.detach().clone().requires_grad_(True)
+    out = remote({0: x})[0]
+    here = twins.experts[0](x_here)
+    torch.testing.assert_close(out, here)
+    assert host.calls["forward"] == 2
+    out.backward(torch.ones_like(out))
+    here.backward(torch.ones_like(here))
+    assert host.calls["backward"] == 4 and x.grad.shape == x.shape
+    # each piece stepped the host's optimizer as it came: the piece computed first got the untouched expert's
+    assert any(torch.allclose(x.grad[at:at + 2], x_here.grad[at:at + 2], atol=1e-6) for at in range(0, 7, 2))
+
+
 def test_a_mixture_layer_trains_on_remote_experts(served):
     _, remote, _, _ = served
     torch.manual_seed(1)

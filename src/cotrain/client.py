@@ -143,10 +143,12 @@ class CoordinatorClient:
         return self._retry(lambda: self.stub.RegisterPeer(request, timeout=self.rpc_timeout + 10.0), "register peer",
                            give_up_after)
 
-    def report_experts(self, capacity: int, holds: Sequence[str], give_up_after: float = 10.0) -> pb.ReportExpertsResponse:
-        """An expert host's report (what it will hold, what it holds) -> what it is to hold."""
+    def report_experts(self, capacity: int, holds: Sequence[str], give_up_after: float = 10.0,
+                       served: Sequence[pb.ExpertLoad] = (), refused: int = 0) -> pb.ReportExpertsResponse:
+        """An expert host's report (what it will hold, what it holds, what each held expert did, the calls it
+        refused) -> what it is to hold."""
         request = pb.ReportExpertsRequest(node_id=self.node_id, session=self.session, capacity=capacity,
-                                          holds=list(holds))
+                                          holds=list(holds), refused=refused, served=list(served))
         return self._retry(lambda: self.stub.ReportExperts(request, timeout=self.rpc_timeout), "report experts",
                            give_up_after)
 
@@ -156,6 +158,25 @@ class CoordinatorClient:
         answer = self._retry(lambda: self.stub.GetExperts(request, timeout=self.rpc_timeout), "get experts",
                              give_up_after)
         return {e.uid: e.peer_id for e in answer.experts}
+
+    def save_expert(self, uid: str, data: bytes, timeout: float = 120.0) -> pb.SaveExpertResponse:
+        """An expert host's checkpoint of ``uid`` (cotrain.moe.expert_state), uploaded in chunks."""
+        def chunks():
+            yield pb.ExpertChunk(node_id=self.node_id, session=self.session, uid=uid)
+            for at in range(0, len(data), EVIDENCE_CHUNK_BYTES):
+                yield pb.ExpertChunk(data=data[at:at + EVIDENCE_CHUNK_BYTES])
+
+        return self.stub.SaveExpert(chunks(), timeout=timeout)
+
+    def load_expert(self, uid: str, timeout: float = 120.0) -> Optional[bytes]:
+        """``uid``'s last checkpoint at the coordinator, or None when it has none."""
+        request = pb.LoadExpertRequest(node_id=self.node_id, session=self.session, uid=uid)
+        try:
+            return b"".join(chunk.data for chunk in self.stub.LoadExpert(request, timeout=timeout))
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
 
     def heartbeat(self, metrics: pb.NodeMetrics, evidence_round: int = 0, commitments: Sequence[bytes] = (),
                   parts_seen: Sequence = ()) -> pb.HeartbeatResponse:

@@ -94,7 +94,31 @@ def health_table(health: pb.SwarmHealth):
         lines.append(f"checks of {node.node_name}: {v.checks - v.failed}/{v.checks} passed "
                      f"({v.replayed} replayed), reputation "
                      f"{v.reputation:.2f}" + (", SUSPENDED" if v.suspended else "") + f": {v.reason}")
+    lines.extend(experts_lines(health))
     parts = [table, Text("\n".join(lines))]
     if health.alerts:
         parts.append(Text("\n".join(f"! {a}" for a in health.alerts), style="yellow"))
     return Group(*parts)
+
+
+def experts_lines(health) -> list[str]:
+    """A hosted mixture's experts in words: how many have a host, each host's experts and the calls they answered,
+    the calls per expert (its load), and the trainers' failed calls and skipped steps. None for other runs."""
+    if not health.HasField("experts"):
+        return []
+    e = health.experts
+    lines = [f"experts: {e.hosted} of {e.experts} hosted by {len(e.hosts)} host(s) ({e.reason})"]
+    load: dict[str, int] = {}
+    for h in e.hosts:
+        calls = sum(x.forward + x.backward for x in h.served)
+        for x in h.served:
+            load[x.uid] = load.get(x.uid, 0) + x.forward + x.backward
+        lines.append(f"  host {h.node_name}: {len(h.holds)} of {h.capacity} expert(s), {calls} calls answered, "
+                     f"{h.refused} refused" + (f": {', '.join(h.holds[:8])}" + (" ..." if len(h.holds) > 8 else "")
+                                               if h.holds else ""))
+    if load:
+        lines.append("  calls per expert: " + ", ".join(f"{u} {c}" for u, c in sorted(load.items())[:32]))
+    failed = sum(n.metrics.expert_calls_failed for n in health.nodes)
+    skipped = sum(n.metrics.steps_skipped for n in health.nodes)
+    lines.append(f"  trainers: {failed} expert calls failed, {skipped} steps skipped for too few experts")
+    return lines

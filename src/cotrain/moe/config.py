@@ -30,7 +30,10 @@ class MoEConfig(Section):
     #: seconds a trainer waits for an expert's answer before leaving it out of the step (and not asking it again
     #: for ``down_s``): a call carries a chunk of a batch's rows, a few ms on a LAN, a few hundred over a WAN
     timeout_s: float = Field(5.0, gt=0, le=300)
-    down_s: float = Field(30.0, ge=0, le=3600)
+    #: a host that just took an expert refuses its calls for the moment it takes to load its checkpoint, and a host
+    #: that is gone leaves the coordinator's directory within about 20 s: 10 s costs a dead host's experts a few
+    #: timed-out calls, and a moving expert few skipped steps
+    down_s: float = Field(10.0, ge=0, le=3600)
 
     @model_validator(mode="after")
     def _sizes(self) -> "MoEConfig":

@@ -35,12 +35,18 @@ from torch import nn
 from cotrain.averaging.admission import Admission
 from cotrain.averaging.exchange import daemon_listen_maddr
 from cotrain.averaging.fetching import PEER_ERRORS
+from cotrain.moe.expert_state import Restored, encode_expert, load_optimizer_state
+from cotrain.v1 import coordinator_pb2 as cpb
 from cotrain.v1 import swarm_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
 #: time steps (rows x chunk) one call carries at most: a trainer's batch of 64 rows of 256 steps, several times over
 MAX_STEPS = 1 << 16
+#: the most bytes of values one call carries (its inputs, and a backward's gradients too): hivemind's daemon takes
+#: messages of 4 MiB at most, so a trainer asks for the rows of a large batch in pieces. A backward piece is a step of
+#: the expert's optimizer on its host (as a call of another trainer is)
+PIECE_BYTES = 3 << 20
 
 
 def expert_namespace(run_id: str) -> str:
@@ -115,28 +121,65 @@ class ExpertHost(_OnDaemon):
         self.experts: dict[str, nn.Module] = {}
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self._pending: dict[str, int] = {}  # backward calls since an expert's last step
+        self._served: dict[str, list[int]] = {}  # uid -> [forward, backward] calls it answered
+        self._updates: dict[str, int] = {}  # uid -> optimizer steps taken
+        self._started_from: dict[str, int] = {}  # uid -> its steps when this host took it
+        self._compute = ThreadPoolExecutor(1, thread_name_prefix="experts")  # one call computes at a time
         self.assign(list(experts), experts.__getitem__)
         self.calls = {"forward": 0, "backward": 0}
         self.refused = 0
-        self._compute = ThreadPoolExecutor(1, thread_name_prefix="experts")  # one call computes at a time
         super().__init__(dht, f"experts-{namespace}")
         self.run(self.p2p.add_protobuf_handler(self.handler_name, self._serve, pb.ExpertCall), timeout=30)
 
-    def assign(self, uids: Sequence[str], make) -> None:
-        """Hold the experts ``uids`` from now on: those new made with ``make(uid)``, the others dropped."""
+    def assign(self, uids: Sequence[str], make) -> list[str]:
+        """Hold the experts ``uids`` from now on: those new made with ``make(uid)`` (a module, or a
+        :class:`~cotrain.moe.expert_state.Restored` checkpoint with its optimizer's state), the others dropped.
+        -> the uids dropped."""
         with self._lock:
-            for uid in list(self.experts):
-                if uid not in uids:
-                    del self.experts[uid], self.optimizers[uid], self._pending[uid]
-            for uid in uids:
-                if uid not in self.experts:
-                    self.experts[uid] = make(uid)
-                    self.optimizers[uid] = torch.optim.AdamW(self.experts[uid].parameters(), lr=self.lr)
-                    self._pending[uid] = 0
+            dropped = [uid for uid in self.experts if uid not in uids]
+            for uid in dropped:
+                del self.experts[uid], self.optimizers[uid], self._pending[uid], self._updates[uid]
+                del self._started_from[uid]
+            new = [uid for uid in uids if uid not in self.experts]
+        made = {uid: make(uid) for uid in new}  # a checkpoint's download: not under the lock calls take
+        with self._lock:
+            for uid, thing in made.items():
+                restored = thing if isinstance(thing, Restored) else None
+                module = restored.module if restored is not None else thing
+                optimizer = torch.optim.AdamW(module.parameters(), lr=self.lr)
+                if restored is not None:
+                    load_optimizer_state(optimizer, restored)
+                self.experts[uid], self.optimizers[uid] = module, optimizer
+                self._pending[uid] = 0
+                self._updates[uid] = self._started_from[uid] = restored.updates if restored is not None else 0
+        return dropped
+
+    def updates(self) -> dict[str, int]:
+        """uid -> the optimizer steps each expert held has taken (restored from its checkpoint, then here)."""
+        with self._lock:
+            return dict(self._updates)
+
+    def checkpoint(self, uid: str, timeout: float = 60.0) -> Optional[bytes]:
+        """``uid``'s weights and optimizer state as checkpoint bytes (None when no longer held), taken between two
+        calls (on the thread that computes them, so never halfway through a step)."""
+        def encode() -> Optional[bytes]:
+            with self._lock:
+                module, optimizer = self.experts.get(uid), self.optimizers.get(uid)
+            return None if module is None else encode_expert(uid, module, optimizer)
+
+        return self._compute.submit(encode).result(timeout)
 
     def holds(self) -> list[str]:
         with self._lock:
             return list(self.experts)
+
+    def served(self) -> list[cpb.ExpertLoad]:
+        """What each expert held did here: calls answered since this host started, its optimizer's steps, and the
+        steps it had when this host took it."""
+        with self._lock:
+            return [cpb.ExpertLoad(uid=uid, forward=self._served.get(uid, (0, 0))[0],
+                                   backward=self._served.get(uid, (0, 0))[1], updates=self._updates[uid],
+                                   started_from=self._started_from[uid]) for uid in self.experts]
 
     def _inputs(self, call: pb.ExpertCall) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         if call.uid not in self.experts:
@@ -168,6 +211,8 @@ class ExpertHost(_OnDaemon):
             expert, optimizer = self.experts.get(uid), self.optimizers.get(uid)
         if expert is None:  # given up since the call was checked
             return None
+        with self._lock:
+            self._served.setdefault(uid, [0, 0])[grad is not None] += 1
         if grad is None:
             self.calls["forward"] += 1
             with torch.no_grad():
@@ -182,6 +227,9 @@ class ExpertHost(_OnDaemon):
         if due:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            with self._lock:
+                if uid in self._updates:
+                    self._updates[uid] += 1
         return x.grad
 
     def shutdown(self) -> None:
@@ -232,27 +280,37 @@ class RemoteExperts(_OnDaemon):
         return sorted(e for e in hosts if self._down_until.get(e, 0.0) <= now)
 
     async def _call(self, expert: int, x: torch.Tensor, grad: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """The expert's answer for all of ``x``'s rows, asked for in pieces of :data:`PIECE_BYTES` at most (the
+        daemon's messages are bounded), side by side; None when any piece failed."""
         where = self.hosts.get(expert)
+        kind = "backward" if grad is not None else "forward"
         if where is None:  # its host left between the routing and the call
-            self.failed["backward" if grad is not None else "forward"] += 1
+            self.failed[kind] += 1
             return None
         uid, peer = where
-        call = pb.ExpertCall(credential=self.admission.credential(), uid=uid, backward=grad is not None,
-                             shape=list(x.shape), inputs=encode_values(x),
-                             grad_outputs=encode_values(grad) if grad is not None else b"")
-        kind = "backward" if grad is not None else "forward"
+        rows = max(1, PIECE_BYTES // (4 * math.prod(x.shape[1:]) * (2 if grad is not None else 1)))
+        pieces = [(x[at:at + rows], grad[at:at + rows] if grad is not None else None)
+                  for at in range(0, x.shape[0], rows)]
         try:
-            answer = await asyncio.wait_for(
-                self.p2p.call_protobuf_handler(peer, self.handler_name, call, pb.ExpertAnswer), self.timeout_s)
-            if answer.refused:
-                self.refusals[expert] = answer.refused[:200]
-                raise CallError(answer.refused[:200])
-            return decode_values(answer.values, x.shape, "values").to(x.dtype)
+            answers = await asyncio.wait_for(asyncio.gather(
+                *[self._piece(uid, peer, expert, px, pg) for px, pg in pieces]), self.timeout_s)
+            return torch.cat(answers).to(x.dtype)
         except (asyncio.TimeoutError, CallError, *PEER_ERRORS) as e:
             self.failed[kind] += 1
             self._down_until[expert] = time.monotonic() + self.down_s
             logger.debug("expert %s on ...%s: %s failed: %r", uid, str(peer)[-8:], kind, e)
             return None
+
+    async def _piece(self, uid: str, peer: PeerID, expert: int, x: torch.Tensor,
+                     grad: Optional[torch.Tensor]) -> torch.Tensor:
+        call = pb.ExpertCall(credential=self.admission.credential(), uid=uid, backward=grad is not None,
+                             shape=list(x.shape), inputs=encode_values(x),
+                             grad_outputs=encode_values(grad) if grad is not None else b"")
+        answer = await self.p2p.call_protobuf_handler(peer, self.handler_name, call, pb.ExpertAnswer)
+        if answer.refused:
+            self.refusals[expert] = answer.refused[:200]
+            raise CallError(answer.refused[:200])
+        return decode_values(answer.values, x.shape, "values")
 
     def __call__(self, requests: dict[int, torch.Tensor]) -> dict[int, Optional[torch.Tensor]]:
         order = list(requests)

@@ -121,7 +121,7 @@ class RegisterPeerResponse(_message.Message):
     def __init__(self, reachability: _Optional[str] = ..., reason: _Optional[str] = ..., credential: _Optional[bytes] = ..., revocations: _Optional[bytes] = ...) -> None: ...
 
 class NodeMetrics(_message.Message):
-    __slots__ = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch", "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s", "state_bytes_sent", "state_bytes_received", "peer_id", "flagged_peers", "units_done", "refused", "refused_peers", "groups_from_board", "groups_matchmade", "meet_s", "allreduce_s", "memory_bytes", "processes", "heartbeat_ms", "last_group", "lr")
+    __slots__ = ("step", "round", "loss", "samples_per_s", "bytes_sent", "bytes_received", "samples_total", "epoch", "partial_rounds", "rounds_completed", "samples_local", "compute_s", "wall_s", "state_bytes_sent", "state_bytes_received", "peer_id", "flagged_peers", "units_done", "refused", "refused_peers", "groups_from_board", "groups_matchmade", "meet_s", "allreduce_s", "memory_bytes", "processes", "heartbeat_ms", "last_group", "lr", "expert_calls_failed", "steps_skipped")
     STEP_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +151,8 @@ class NodeMetrics(_message.Message):
     HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
     LAST_GROUP_FIELD_NUMBER: _ClassVar[int]
     LR_FIELD_NUMBER: _ClassVar[int]
+    EXPERT_CALLS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    STEPS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     step: int
     round: int
     loss: float
@@ -180,7 +182,9 @@ class NodeMetrics(_message.Message):
     heartbeat_ms: float
     last_group: _containers.RepeatedScalarFieldContainer[str]
     lr: float
-    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_total: _Optional[int] = ..., epoch: _Optional[int] = ..., partial_rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ..., samples_local: _Optional[int] = ..., compute_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., state_bytes_sent: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., peer_id: _Optional[str] = ..., flagged_peers: _Optional[_Iterable[str]] = ..., units_done: _Optional[int] = ..., refused: _Optional[int] = ..., refused_peers: _Optional[_Iterable[str]] = ..., groups_from_board: _Optional[int] = ..., groups_matchmade: _Optional[int] = ..., meet_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., processes: _Optional[int] = ..., heartbeat_ms: _Optional[float] = ..., last_group: _Optional[_Iterable[str]] = ..., lr: _Optional[float] = ...) -> None: ...
+    expert_calls_failed: int
+    steps_skipped: int
+    def __init__(self, step: _Optional[int] = ..., round: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_total: _Optional[int] = ..., epoch: _Optional[int] = ..., partial_rounds: _Optional[int] = ..., rounds_completed: _Optional[int] = ..., samples_local: _Optional[int] = ..., compute_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., state_bytes_sent: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., peer_id: _Optional[str] = ..., flagged_peers: _Optional[_Iterable[str]] = ..., units_done: _Optional[int] = ..., refused: _Optional[int] = ..., refused_peers: _Optional[_Iterable[str]] = ..., groups_from_board: _Optional[int] = ..., groups_matchmade: _Optional[int] = ..., meet_s: _Optional[float] = ..., allreduce_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., processes: _Optional[int] = ..., heartbeat_ms: _Optional[float] = ..., last_group: _Optional[_Iterable[str]] = ..., lr: _Optional[float] = ..., expert_calls_failed: _Optional[int] = ..., steps_skipped: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "session", "metrics", "evidence_round", "commitments", "parts_seen")
@@ -408,18 +412,20 @@ class SwarmTotals(_message.Message):
     def __init__(self, nodes_online: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., global_round: _Optional[int] = ..., samples_total: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., val_loss: _Optional[float] = ..., val_bpc: _Optional[float] = ..., val_round: _Optional[int] = ..., latest_checkpoint: _Optional[str] = ..., latest_checkpoint_round: _Optional[int] = ..., val_metrics: _Optional[_Mapping[str, float]] = ..., epoch: _Optional[int] = ..., units_total: _Optional[int] = ..., units_pending: _Optional[int] = ..., units_in_progress: _Optional[int] = ..., units_done: _Optional[int] = ..., units_reissued: _Optional[int] = ..., scheduling_reason: _Optional[str] = ..., validator_cpu_s: _Optional[float] = ..., checks: _Optional[int] = ...) -> None: ...
 
 class SwarmHealth(_message.Message):
-    __slots__ = ("run_id", "nodes", "totals", "alerts", "now_unix")
+    __slots__ = ("run_id", "nodes", "totals", "alerts", "now_unix", "experts")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     TOTALS_FIELD_NUMBER: _ClassVar[int]
     ALERTS_FIELD_NUMBER: _ClassVar[int]
     NOW_UNIX_FIELD_NUMBER: _ClassVar[int]
+    EXPERTS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeHealth]
     totals: SwarmTotals
     alerts: _containers.RepeatedScalarFieldContainer[str]
     now_unix: float
-    def __init__(self, run_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeHealth, _Mapping]]] = ..., totals: _Optional[_Union[SwarmTotals, _Mapping]] = ..., alerts: _Optional[_Iterable[str]] = ..., now_unix: _Optional[float] = ...) -> None: ...
+    experts: ExpertsHealth
+    def __init__(self, run_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeHealth, _Mapping]]] = ..., totals: _Optional[_Union[SwarmTotals, _Mapping]] = ..., alerts: _Optional[_Iterable[str]] = ..., now_unix: _Optional[float] = ..., experts: _Optional[_Union[ExpertsHealth, _Mapping]] = ...) -> None: ...
 
 class ReadDataRequest(_message.Message):
     __slots__ = ("node_id", "session", "split", "offset", "length")
@@ -464,16 +470,94 @@ class CheckpointChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., total: _Optional[int] = ..., round: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class ReportExpertsRequest(_message.Message):
-    __slots__ = ("node_id", "session", "capacity", "holds")
+    __slots__ = ("node_id", "session", "capacity", "holds", "served", "refused")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     HOLDS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     session: str
     capacity: int
     holds: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., capacity: _Optional[int] = ..., holds: _Optional[_Iterable[str]] = ...) -> None: ...
+    served: _containers.RepeatedCompositeFieldContainer[ExpertLoad]
+    refused: int
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., capacity: _Optional[int] = ..., holds: _Optional[_Iterable[str]] = ..., served: _Optional[_Iterable[_Union[ExpertLoad, _Mapping]]] = ..., refused: _Optional[int] = ...) -> None: ...
+
+class ExpertChunk(_message.Message):
+    __slots__ = ("node_id", "session", "uid", "data")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    session: str
+    uid: str
+    data: bytes
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., uid: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class SaveExpertResponse(_message.Message):
+    __slots__ = ("updates",)
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    updates: int
+    def __init__(self, updates: _Optional[int] = ...) -> None: ...
+
+class LoadExpertRequest(_message.Message):
+    __slots__ = ("node_id", "session", "uid")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    session: str
+    uid: str
+    def __init__(self, node_id: _Optional[str] = ..., session: _Optional[str] = ..., uid: _Optional[str] = ...) -> None: ...
+
+class ExpertLoad(_message.Message):
+    __slots__ = ("uid", "forward", "backward", "updates", "started_from")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FROM_FIELD_NUMBER: _ClassVar[int]
+    uid: str
+    forward: int
+    backward: int
+    updates: int
+    started_from: int
+    def __init__(self, uid: _Optional[str] = ..., forward: _Optional[int] = ..., backward: _Optional[int] = ..., updates: _Optional[int] = ..., started_from: _Optional[int] = ...) -> None: ...
+
+class ExpertHostHealth(_message.Message):
+    __slots__ = ("node_id", "node_name", "peer_id", "capacity", "holds", "served", "refused", "last_report_unix")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    HOLDS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    LAST_REPORT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    node_name: str
+    peer_id: str
+    capacity: int
+    holds: _containers.RepeatedScalarFieldContainer[str]
+    served: _containers.RepeatedCompositeFieldContainer[ExpertLoad]
+    refused: int
+    last_report_unix: float
+    def __init__(self, node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., peer_id: _Optional[str] = ..., capacity: _Optional[int] = ..., holds: _Optional[_Iterable[str]] = ..., served: _Optional[_Iterable[_Union[ExpertLoad, _Mapping]]] = ..., refused: _Optional[int] = ..., last_report_unix: _Optional[float] = ...) -> None: ...
+
+class ExpertsHealth(_message.Message):
+    __slots__ = ("experts", "hosted", "reason", "hosts")
+    EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    HOSTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    experts: int
+    hosted: int
+    reason: str
+    hosts: _containers.RepeatedCompositeFieldContainer[ExpertHostHealth]
+    def __init__(self, experts: _Optional[int] = ..., hosted: _Optional[int] = ..., reason: _Optional[str] = ..., hosts: _Optional[_Iterable[_Union[ExpertHostHealth, _Mapping]]] = ...) -> None: ...
 
 class ReportExpertsResponse(_message.Message):
     __slots__ = ("uids", "reason")

@@ -99,6 +99,16 @@ class CoordinatorStub:
                 request_serializer=cotrain_dot_v1_dot_coordinator__pb2.GetExpertsRequest.SerializeToString,
                 response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.GetExpertsResponse.FromString,
                 _registered_method=True)
+        self.SaveExpert = channel.stream_unary(
+                '/cotrain.v1.Coordinator/SaveExpert',
+                request_serializer=cotrain_dot_v1_dot_coordinator__pb2.ExpertChunk.SerializeToString,
+                response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.SaveExpertResponse.FromString,
+                _registered_method=True)
+        self.LoadExpert = channel.unary_stream(
+                '/cotrain.v1.Coordinator/LoadExpert',
+                request_serializer=cotrain_dot_v1_dot_coordinator__pb2.LoadExpertRequest.SerializeToString,
+                response_deserializer=cotrain_dot_v1_dot_coordinator__pb2.ExpertChunk.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -204,6 +214,22 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SaveExpert(self, request_iterator, context):
+        """An expert host's checkpoint of an expert it holds (its weights and optimizer state, cotrain.moe.expert_state):
+        the first chunk names the node, its session and the expert, which must be one the coordinator gave it; the
+        whole may hold no more bytes than the run's expert takes. Kept, atomically, for the expert's next host.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadExpert(self, request, context):
+        """An expert's last checkpoint, for a host the coordinator gave it to; NOT_FOUND when none was saved.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -271,6 +297,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetExperts,
                     request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.GetExpertsRequest.FromString,
                     response_serializer=cotrain_dot_v1_dot_coordinator__pb2.GetExpertsResponse.SerializeToString,
+            ),
+            'SaveExpert': grpc.stream_unary_rpc_method_handler(
+                    servicer.SaveExpert,
+                    request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.ExpertChunk.FromString,
+                    response_serializer=cotrain_dot_v1_dot_coordinator__pb2.SaveExpertResponse.SerializeToString,
+            ),
+            'LoadExpert': grpc.unary_stream_rpc_method_handler(
+                    servicer.LoadExpert,
+                    request_deserializer=cotrain_dot_v1_dot_coordinator__pb2.LoadExpertRequest.FromString,
+                    response_serializer=cotrain_dot_v1_dot_coordinator__pb2.ExpertChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -624,6 +660,60 @@ class Coordinator:
             '/cotrain.v1.Coordinator/GetExperts',
             cotrain_dot_v1_dot_coordinator__pb2.GetExpertsRequest.SerializeToString,
             cotrain_dot_v1_dot_coordinator__pb2.GetExpertsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SaveExpert(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/cotrain.v1.Coordinator/SaveExpert',
+            cotrain_dot_v1_dot_coordinator__pb2.ExpertChunk.SerializeToString,
+            cotrain_dot_v1_dot_coordinator__pb2.SaveExpertResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadExpert(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/cotrain.v1.Coordinator/LoadExpert',
+            cotrain_dot_v1_dot_coordinator__pb2.LoadExpertRequest.SerializeToString,
+            cotrain_dot_v1_dot_coordinator__pb2.ExpertChunk.FromString,
             options,
             channel_credentials,
             insecure,

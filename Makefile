@@ -30,9 +30,9 @@ demo: $(VENV)/.installed
 	$(BIN)/cotrain demo $(DEMO_ARGS)
 
 # the whole suite as CI runs it: test files spread over two workers (a file's tests stay together: some share a
-# module's swarm or network namespaces)
+# module's swarm or network namespaces), the files with the most swarm tests dealt first (tests/conftest.py)
 test: $(VENV)/.installed browser
-	$(BIN)/python -m pytest -n 2 --dist loadfile $(PYTEST_FLAGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_FLAGS)
 
 # the edit loop: everything that starts no swarm (pure logic, codecs, config, protocol, models)
 test-fast: $(VENV)/.installed

@@ -111,3 +111,21 @@ async def _pool(service, context) -> ExpertPool:
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this run has no experts (model.kind is not "
                             "\"moe_lstm\")")
     return service.experts
+
+
+class ExpertCalls:
+    """The expert hosts' RPCs of :class:`~cotrain.coordinator.service.CoordinatorService`, over its session check,
+    its peers and its ``experts`` pool and ``expert_checkpoints``."""
+
+    async def ReportExperts(self, request: pb.ReportExpertsRequest, context) -> pb.ReportExpertsResponse:
+        return await report_experts(self, request, context)
+
+    async def GetExperts(self, request: pb.GetExpertsRequest, context) -> pb.GetExpertsResponse:
+        return await get_experts(self, request, context)
+
+    async def SaveExpert(self, requests, context) -> pb.SaveExpertResponse:
+        return await save_expert(self, requests, context)
+
+    async def LoadExpert(self, request: pb.LoadExpertRequest, context):
+        async for chunk in load_expert(self, request, context):
+            yield chunk

@@ -35,7 +35,7 @@ from cotrain.coordinator.swarm_health import SwarmSummary, swarm_health
 from cotrain.coordinator.unit_pool import UnitPool
 from cotrain.coordinator.evidence_intake import heartbeat_verification, take_evidence
 from cotrain.coordinator.expert_checkpoints import ExpertCheckpoints
-from cotrain.coordinator.expert_intake import experts_health, get_experts, load_expert, report_experts, save_expert
+from cotrain.coordinator.expert_intake import ExpertCalls, experts_health
 from cotrain.coordinator.expert_pool import ExpertPool
 from cotrain.coordinator.validation import Candidate, Validator
 from cotrain.coordinator.wire import ThrottledWarning
@@ -83,7 +83,7 @@ def _check_name(name: str) -> str:
     return name
 
 
-class CoordinatorService(pb_grpc.CoordinatorServicer):
+class CoordinatorService(ExpertCalls, pb_grpc.CoordinatorServicer):
     """``issuer`` signs the members' data-plane credentials; ``prober`` dials nodes to learn whether peers can;
     ``publish_revocations(signed)`` puts a new revocation list on the DHT."""
 
@@ -297,19 +297,6 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     async def SubmitEvidence(self, requests, context) -> pb.SubmitEvidenceResponse:
         return await take_evidence(requests, context, validator=self.validator, session=self._session,
                                    who=self._candidate)
-
-    async def ReportExperts(self, request: pb.ReportExpertsRequest, context) -> pb.ReportExpertsResponse:
-        return await report_experts(self, request, context)
-
-    async def GetExperts(self, request: pb.GetExpertsRequest, context) -> pb.GetExpertsResponse:
-        return await get_experts(self, request, context)
-
-    async def SaveExpert(self, requests, context) -> pb.SaveExpertResponse:
-        return await save_expert(self, requests, context)
-
-    async def LoadExpert(self, request: pb.LoadExpertRequest, context):
-        async for chunk in load_expert(self, request, context):
-            yield chunk
 
     def _candidate(self, node_id: str) -> Optional[Candidate]:
         node, peer = self.nodes.get(node_id), self.peers.get(node_id)

@@ -214,7 +214,7 @@ def test_eight_nodes_in_groups_of_two_count_the_whole_swarms_samples(tmp_path, c
     coordinator = Swarm(cfg, tmp_path, zygote=node_zygote).start()
     records = [tmp_path / f"steps-{i}.jsonl" for i in range(8)]
     try:
-        train_together(coordinator, tmp_path, 8, rounds=20,
+        train_together(coordinator, tmp_path, 8, rounds=14,
                        extra={i: ["--step-record", str(records[i])] for i in range(8)})
     finally:
         coordinator.close()

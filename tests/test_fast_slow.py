@@ -86,9 +86,9 @@ def record_calls(rnn: FastSlowRNN):
     def wrap(name, cell):
         original = cell.forward
 
-        def forward(x, state):
-            out = original(x, state)
-            calls.append((name, x, state, out))
+        def forward(x, state, x_gates=None):
+            out = original(x, state, x_gates)
+            calls.append((name, x if x_gates is None else ("gates", x_gates), state, out))
             return out
         cell.forward = forward
 
@@ -120,9 +120,11 @@ def test_wiring_matches_paper(k):
 
     prev_fast, prev_slow = state0
     for t, step in enumerate(steps):
-        # F1 reads x_t, with the fast state Fk left at t-1 (the given state at t=0)
+        # F1 reads x_t (its input part computed for the whole sequence before the loop), with the fast state Fk
+        # left at t-1 (the given state at t=0)
         inp, st, out_f1 = step["F1"]
-        assert torch.equal(inp, x[:, t])
+        assert inp[0] == "gates"
+        torch.testing.assert_close(inp[1], rnn.fast[0].input_gates(x[:, t]), rtol=0, atol=1e-6)
         assert st[0] is prev_fast[0] and st[1] is prev_fast[1]
         # S reads F1's h, with its own previous state
         inp, st, out_s = step["S"]

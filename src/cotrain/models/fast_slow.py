@@ -68,14 +68,23 @@ class LayerNormLSTMCell(nn.Module):
         with torch.no_grad():  # forget gate bias 1: remember by default at the start of training
             self.norm_h.bias[hidden_size:2 * hidden_size].fill_(1.0)
 
-    def forward(self, x: torch.Tensor | None, state: tuple[torch.Tensor, torch.Tensor]):
-        """x: (batch, input_size), or None when input_size is 0; state: (h, c), each (batch, hidden_size)."""
+    def input_gates(self, x: torch.Tensor) -> torch.Tensor:
+        """LN(W_x x) for inputs of any leading shape (..., input_size): a sequence's at once, before the time loop
+        (one large product instead of one a step)."""
+        return self.norm_x(self.weight_x(x))
+
+    def forward(self, x: torch.Tensor | None, state: tuple[torch.Tensor, torch.Tensor],
+                x_gates: torch.Tensor | None = None):
+        """x: (batch, input_size), or None when input_size is 0; state: (h, c), each (batch, hidden_size);
+        ``x_gates``: :meth:`input_gates` of x, computed before (x is then not read)."""
         h, c = state
         gates = self.norm_h(self.weight_h(h))
-        if self.weight_x is not None:
+        if x_gates is not None:
+            gates = gates + x_gates
+        elif self.weight_x is not None:
             if x is None:
                 raise ValueError("this cell has an input (input_size > 0) but x is None")
-            gates = gates + self.norm_x(self.weight_x(x))
+            gates = gates + self.input_gates(x)
         elif x is not None:
             raise ValueError("this cell has no input (input_size == 0); pass x=None")
         i, f, o, g = gates.chunk(4, dim=-1)
@@ -115,8 +124,9 @@ class FastSlowRNN(nn.Module):
             state = self.init_state(x.shape[0], x.device)
         fast_state, slow_state = state
         outputs = []
+        x_gates = self.fast[0].input_gates(x)  # F1's input part for every step at once: it reads no state
         for t in range(x.shape[1]):
-            fast_state = self.fast[0](x[:, t], fast_state)             # F1: x_t, Fk's state from t-1
+            fast_state = self.fast[0](None, fast_state, x_gates[:, t])  # F1: x_t, Fk's state from t-1
             slow_state = self.slow(fast_state[0], slow_state)          # S: h^{F1}_t, own state from t-1
             fast_state = self.fast[1](slow_state[0], fast_state)       # F2: h^S_t, F1's (h, c)
             for cell in self.fast[2:]:

@@ -308,6 +308,15 @@ class SwarmRun:
         return sum(float(n.get("bytes_sent", 0)) for n in self.nodes) / max(1, len(self.nodes))
 
 
+def samples_trained(swarm, work: Path, names: Optional[Sequence[str]] = None) -> int:
+    """The samples a running swarm's nodes (those ``names``, or all) trained, as they last reported; a RuntimeError
+    naming the first node that exited early (its log is in ``work``)."""
+    for proc in swarm.nodes:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited early; logs in {work}")
+    return sum(int(r.get("samples_local", 0)) for r in swarm.node_rows() if names is None or r["name"] in names)
+
+
 def final_checkpoint(workdir: Path, names: Sequence[str]):
     """The last state the named nodes saved (``last.safetensors`` in their state dirs) with the most rounds."""
     return max((load_checkpoint(Path(workdir) / name / "last.safetensors") for name in names), key=lambda c: c.round)

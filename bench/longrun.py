@@ -56,7 +56,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (Swarm, bench_parser, final_checkpoint, print_table, run_meta,  # noqa: E402
+from common import (Swarm, bench_parser, final_checkpoint, print_table, run_meta, samples_trained,  # noqa: E402
                     swarm_config, train_plain, wait_for, work_folder, write_json, write_page)
 
 from cotrain.config import RunConfig  # noqa: E402
@@ -119,13 +119,10 @@ def run_swarm(name: str, cfg: RunConfig, args, node_flags: list[list[str]]) -> d
 
             def enough() -> bool:
                 nonlocal reported
-                done = sum(int(r.get("samples_local", 0)) for r in swarm.node_rows())
+                done = samples_trained(swarm, work)
                 if done >= reported + 10_000:
                     reported = done
                     print(f"{name}: {done} samples  {time.monotonic() - started:.0f}s", flush=True)
-                for proc in swarm.nodes:
-                    if not proc.alive():
-                        raise RuntimeError(f"{proc.name} exited early; logs in {work}")
                 return done >= args.samples
 
             wait_for(enough, args.row_timeout, interval=1.0, what=f"{name} to train {args.samples} samples")

@@ -84,10 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", type=Path, default=None, help="where state and checkpoints go (default: a new "
                                                                  "folder under ./cotrain-demo)")
     demo.add_argument("--config", type=Path, default=None, help="run config (default: the demo's built-in one)")
-    demo.add_argument("--moe", type=int, default=0, metavar="HOSTS",
+    demo.add_argument("--moe", type=int, nargs="?", const=3, default=0, metavar="HOSTS",
                       help="train a mixture of experts (model.kind moe_lstm) whose experts live on HOSTS expert "
-                           "hosts (cotrain expert serve) while --nodes trainers train the rest, in rounds of 10 "
-                           "steps (default 0: the run config's model)")
+                           "hosts (cotrain expert serve; 3 when not given) while --nodes trainers train the rest, "
+                           "in rounds of 10 steps (default: the run config's model, no hosts)")
     demo.add_argument("--force", action="store_true",
                       help="start even where the nodes are estimated not to fit this machine's memory")
     demo.set_defaults(handler=cmd_demo, launcher=True)

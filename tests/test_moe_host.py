@@ -146,6 +146,34 @@ def test_a_host_that_is_gone_is_left_out_and_not_asked_again(served):
     assert set(remote.available()) == {2, 3}
 
 
+class GarbageHost(ExpertHost):
+    """A host that answers expert 0 with values of another shape and expert 1 with NaN."""
+
+    def _answer(self, uid, x, grad):
+        out = super()._answer(uid, x, grad)
+        if uid.endswith(".0.0"):
+            return out[:, :-1]
+        if uid.endswith(".0.1"):
+            return torch.full_like(out, float("nan"))
+        return out
+
+
+def test_a_host_that_answers_garbage_is_left_out_and_counted(dhts):
+    torch.manual_seed(0)
+    open_to_all = Admission("moe", None, enabled=False)
+    uids = [expert_uid("ffn", cell) for cell in grid_experts(GRID)]
+    host = GarbageHost(dhts[0], "garbage", open_to_all, {u: FeedForward(DIM, HIDDEN) for u in uids}, DIM)
+    remote = RemoteExperts(dhts[1], "garbage", open_to_all, {i: (u, host.peer_id) for i, u in enumerate(uids)})
+    try:
+        answers = remote({i: torch.randn(2, 3, DIM) for i in range(4)})
+        assert answers[0] is None and answers[1] is None  # skipped: the step mixes the others
+        assert answers[2].shape == (2, 3, DIM) and answers[3].shape == (2, 3, DIM)
+        assert remote.failed["forward"] == 2 and set(remote.available()) == {2, 3}
+    finally:
+        remote.shutdown()
+        host.shutdown()
+
+
 def test_a_byte_language_model_trains_with_its_experts_on_a_host(served):
     """The trainer's model (embedding, LSTM, gate, head) holds no expert: its parameters are what a swarm averages."""
     from cotrain.models.moe_lm import MixtureLM

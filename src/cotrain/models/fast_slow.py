@@ -124,9 +124,11 @@ class FastSlowRNN(nn.Module):
             state = self.init_state(x.shape[0], x.device)
         fast_state, slow_state = state
         outputs = []
-        x_gates = self.fast[0].input_gates(x)  # F1's input part for every step at once: it reads no state
+        # F1's input part for every step at once (it reads no state); unbind, not x_gates[:, t]: the backward of
+        # each slice would write a whole sequence's zeros, and the backward of unbind stacks the steps' once
+        x_gates = self.fast[0].input_gates(x).unbind(1)
         for t in range(x.shape[1]):
-            fast_state = self.fast[0](None, fast_state, x_gates[:, t])  # F1: x_t, Fk's state from t-1
+            fast_state = self.fast[0](None, fast_state, x_gates[t])   # F1: x_t, Fk's state from t-1
             slow_state = self.slow(fast_state[0], slow_state)          # S: h^{F1}_t, own state from t-1
             fast_state = self.fast[1](slow_state[0], fast_state)       # F2: h^S_t, F1's (h, c)
             for cell in self.fast[2:]:

@@ -40,3 +40,18 @@ def test_a_growing_process_reports_the_line_that_grows(tmp_path):
     first = text.splitlines()[1]
     assert first.startswith("+") and "kB" in first  # the largest growth is first, and it is the leak
     assert "kept.append(bytearray(100_000))" in "\n".join(text.splitlines()[:4])  # the line that allocates
+
+
+def test_the_tensor_census_sees_tensors_that_pile_up():
+    import torch
+
+    from cotrain.memory import census_lines, tensor_census
+
+    before = tensor_census()
+    kept = [torch.zeros(3, 1000) for _ in range(5)]
+    view = kept[0][1]  # a view: its storage counted once
+    now = tensor_census()
+    assert now[((3, 1000), "float32")][0] - before.get(((3, 1000), "float32"), (0, 0))[0] == 5
+    lines = census_lines(before, now)
+    assert "[3, 1000] float32: +5 tensors, +60 kB" in "\n".join(lines), lines
+    del kept, view

@@ -88,12 +88,12 @@ def trace_allocations_from_env(who: str) -> Optional[str]:
                tracemalloc.Filter(False, __file__)]  # the reports' own lines
 
     def report() -> None:
-        first, started = None, time.time()
+        first, started, tensors_first = None, time.time(), {}
         while True:
             time.sleep(every)
             snapshot = tracemalloc.take_snapshot().filter_traces(ignored)
             if first is None:
-                first = snapshot
+                first, tensors_first = snapshot, tensor_census()
                 continue
             minutes = (time.time() - started) / 60
             traced = tracemalloc.get_traced_memory()[0] / 1e6
@@ -104,9 +104,56 @@ def trace_allocations_from_env(who: str) -> Optional[str]:
                 lines.append(f"{stat.size_diff / 1e3:+.0f} kB in {stat.count_diff:+d} blocks "
                              f"(now {stat.size / 1e3:.0f} kB)")
                 lines.extend(f"    {line}" for line in stat.traceback.format()[-16:])
+            lines.extend(census_lines(tensors_first, tensor_census()))
             partial = path.with_name(path.name + ".partial")  # a reader sees the last whole report
             partial.write_text("\n".join(lines) + "\n")
             os.replace(partial, path)
 
     threading.Thread(target=report, name="tracemalloc", daemon=True).start()
     return f"tracing allocations into {path} every {every:g}s"
+
+
+def tensor_census() -> dict[tuple, tuple[int, int]]:
+    """The live torch tensors the garbage collector sees (those made since ``gc.freeze`` included, the model's own
+    frozen before the fork not), by (shape, dtype): (count, bytes of their storages, each storage counted once).
+    Their memory is torch's, not Python's: tracemalloc sees only a tensor's small Python object. Empty without
+    torch loaded."""
+    import gc
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    seen, out = set(), {}
+    for obj in gc.get_objects():
+        if not isinstance(obj, torch.Tensor):
+            continue
+        try:
+            storage = obj.untyped_storage()
+            ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # meta, sparse or other tensors without one storage
+            continue
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        key = (tuple(obj.shape), str(obj.dtype).replace("torch.", ""))
+        count, total = out.get(key, (0, 0))
+        out[key] = (count + 1, total + nbytes)
+    return out
+
+
+def census_lines(before: dict, now: dict, top: int = 10) -> list[str]:
+    """What grew between two :func:`tensor_census`, in words: the totals, and the shapes whose bytes grew most."""
+    def total(census: dict) -> tuple[int, int]:
+        return sum(c for c, _ in census.values()), sum(b for _, b in census.values())
+
+    (c0, b0), (c1, b1) = total(before), total(now)
+    lines = [f"live tensors (not frozen): {c1} holding {b1 / 1e6:.1f} MB, {c1 - c0:+d} and {(b1 - b0) / 1e6:+.1f} MB "
+             f"since the first report; shapes that grew most:"]
+    grown = sorted(now, key=lambda k: now[k][1] - before.get(k, (0, 0))[1], reverse=True)[:top]
+    for key in grown:
+        (c, b), (cb, bb) = now[key], before.get(key, (0, 0))
+        if b > bb:
+            lines.append(f"  {list(key[0])} {key[1]}: {c - cb:+d} tensors, {(b - bb) / 1e3:+.0f} kB (now {c}, "
+                         f"{b / 1e3:.0f} kB)")
+    return lines

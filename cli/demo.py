@@ -45,6 +45,8 @@ def run_demo(args) -> int:
     from cotrain.sizing import check_fleet
 
     console = Console()
+    if args.nodes is None:
+        args.nodes = 2 if args.moe else 3
     if args.nodes < 1:
         raise SystemExit("--nodes: must be >= 1")
     if args.duration <= 0:

@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     sample.set_defaults(handler=cmd_sample)
 
     demo = sub.add_parser("demo", help="a coordinator and nodes on this machine, training together")
-    demo.add_argument("--nodes", type=int, default=3)
+    demo.add_argument("--nodes", type=int, default=None, help="nodes (trainers) to start (default 3; 2 with --moe)")
     demo.add_argument("--duration", type=float, default=180.0, help="seconds of training (default 180)")
     demo.add_argument("--data", default="builtin", help="text file or folder (default: built-in corpus)")
     demo.add_argument("--workdir", type=Path, default=None, help="where state and checkpoints go (default: a new "

@@ -83,9 +83,13 @@ def trace_allocations_from_env(who: str) -> Optional[str]:
     # one frame, grouped by line: a node holds millions of traced blocks, and grouping them by 8-frame tracebacks
     # took its report thread more than 10 minutes on 2 loaded cores (py-spy: Snapshot._group_by)
     tracemalloc.start(1)
+    import linecache
+
+    # the reports' own lines: this file's, and the source lines their tracebacks read (linecache kept 4 MB of them
+    # after three reports, the largest "growth" a soak's node showed)
     ignored = [tracemalloc.Filter(False, tracemalloc.__file__),
                tracemalloc.Filter(False, "<frozen importlib._bootstrap>"), tracemalloc.Filter(False, "<unknown>"),
-               tracemalloc.Filter(False, __file__)]  # the reports' own lines
+               tracemalloc.Filter(False, __file__), tracemalloc.Filter(False, linecache.__file__)]
 
     def report() -> None:
         first, started, tensors_first = None, time.time(), {}

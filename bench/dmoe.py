@@ -108,14 +108,14 @@ def run_dmoe(name: str, args) -> dict:
                 wall = time.monotonic() - started
                 rows = [r for r in swarm.node_rows() if r["name"] in trainers]
                 final_round = max(int(r.get("round", 0)) for r in rows)
-                swarm.stop_nodes()  # the trainers; the hosts serve the last evaluation
 
-                def evaluated() -> bool:
+                def evaluated() -> bool:  # the checkpointer takes the state from the trainers: they train on
                     evals = read_evals(swarm.state_dir)
                     return bool(evals) and evals[-1].round >= final_round and math.isfinite(evals[-1].val_bpc)
 
-                wait_for(evaluated, 300, interval=1.0, what=f"{name}'s last round to be evaluated")
+                wait_for(evaluated, 600, interval=1.0, what=f"{name}'s last round to be evaluated")
                 evals = read_evals(swarm.state_dir)
+                swarm.stop_nodes()
             finally:
                 stop_all(hosts, 30)
     curve = sorted([int(e.metrics.get("samples_total", 0)), round(e.val_bpc, 4)] for e in evals

@@ -65,7 +65,8 @@ def run_demo(args) -> int:
                                  averaging={"inner_steps": 10})
     per_host = -(-len(run_experts(cfg.moe.grid, cfg.moe.layers)) // args.moe) if args.moe else 0
     # nodes forked from one zygote share torch's pages, so this estimate (a node as its own process) is on the safe side
-    check_fleet("--nodes", args.nodes, cfg, args.force)
+    # an expert host is a process of about a node's size (its experts are a fraction of the trainers' model)
+    check_fleet("--nodes and --moe" if args.moe else "--nodes", args.nodes + args.moe, cfg, args.force)
     corpus = Corpus.from_source(cfg.data.source, cfg.data.max_bytes, cfg.data.val_fraction)  # fail early, clearly
     workdir = args.workdir or Path("cotrain-demo") / time.strftime("%Y%m%d-%H%M%S")
     workdir = workdir.resolve()

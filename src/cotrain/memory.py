@@ -124,14 +124,16 @@ def tensor_census() -> dict[tuple, tuple[int, int]]:
     torch loaded."""
     import gc
     import sys
+    import warnings
 
     torch = sys.modules.get("torch")
     if torch is None:
         return {}
     seen, out = set(), {}
-    for obj in gc.get_objects():
-        if not isinstance(obj, torch.Tensor):
-            continue
+    with warnings.catch_warnings():  # isinstance on torch's deprecated module attributes warns
+        warnings.simplefilter("ignore")
+        tensors = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+    for obj in tensors:
         try:
             storage = obj.untyped_storage()
             ptr, nbytes = storage.data_ptr(), storage.nbytes()

@@ -161,12 +161,8 @@ class CoordinatorClient:
 
     def save_expert(self, uid: str, data: bytes, timeout: float = 120.0) -> pb.SaveExpertResponse:
         """An expert host's checkpoint of ``uid`` (cotrain.moe.expert_state), uploaded in chunks."""
-        def chunks():
-            yield pb.ExpertChunk(node_id=self.node_id, session=self.session, uid=uid)
-            for at in range(0, len(data), EVIDENCE_CHUNK_BYTES):
-                yield pb.ExpertChunk(data=data[at:at + EVIDENCE_CHUNK_BYTES])
-
-        return self.stub.SaveExpert(chunks(), timeout=timeout)
+        first = pb.ExpertChunk(node_id=self.node_id, session=self.session, uid=uid)
+        return self.stub.SaveExpert(upload_chunks(first, data, pb.ExpertChunk), timeout=timeout)
 
     def load_expert(self, uid: str, timeout: float = 120.0) -> Optional[bytes]:
         """``uid``'s last checkpoint at the coordinator, or None when it has none."""
@@ -254,15 +250,19 @@ class CoordinatorClient:
 
     def submit_evidence(self, round_number: int, data: bytes, timeout: float = 60.0) -> pb.SubmitEvidenceResponse:
         """Upload the evidence of ``round_number`` that a heartbeat's answer asked for, in chunks."""
-        def chunks():
-            yield pb.EvidenceChunk(node_id=self.node_id, session=self.session, round=round_number)
-            for at in range(0, len(data), EVIDENCE_CHUNK_BYTES):
-                yield pb.EvidenceChunk(data=data[at:at + EVIDENCE_CHUNK_BYTES])
-
-        return self.stub.SubmitEvidence(chunks(), timeout=timeout)
+        first = pb.EvidenceChunk(node_id=self.node_id, session=self.session, round=round_number)
+        return self.stub.SubmitEvidence(upload_chunks(first, data, pb.EvidenceChunk), timeout=timeout)
 
     def health(self) -> pb.SwarmHealth:
         return self.stub.GetSwarmHealth(pb.GetSwarmHealthRequest(), timeout=self.rpc_timeout)
+
+
+def upload_chunks(first, data: bytes, chunk_type):
+    """A client-streamed upload: ``first`` (who and what, no bytes), then ``data`` in messages of ``chunk_type`` of
+    :data:`EVIDENCE_CHUNK_BYTES` each."""
+    yield first
+    for at in range(0, len(data), EVIDENCE_CHUNK_BYTES):
+        yield chunk_type(data=data[at:at + EVIDENCE_CHUNK_BYTES])
 
 
 def _gpu_count() -> int:

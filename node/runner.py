@@ -24,6 +24,7 @@ from cotrain.averaging.admission import AdmissionError, public_key_from_bytes
 from cotrain.client import CoordinatorClient, CoordinatorUnavailable
 from cotrain.config import RunConfig
 from cotrain.models import count_parameters
+from cotrain.moe.hosted import connect_trainer
 from cotrain.moe.mixture import TooFewExperts
 from cotrain.outage import Repeats
 from cotrain.optim import build_optimizer
@@ -148,7 +149,8 @@ class Node:
         heartbeat = threading.Thread(target=self._heartbeat_loop, args=(response.heartbeat_interval_s,),
                                      name="heartbeat", daemon=True)
         if cfg.hosts_experts:
-            self.experts = self._connect_experts(dht, response.run.run_id, cfg, model)
+            self.experts = connect_trainer(dht, response.run.run_id, cfg, self.admission, model,
+                                           lambda: self.client.experts(give_up_after=2.0), self.stop)
         opt_cfg = cfg.optimizer
         optimizer = build_optimizer(model, opt_cfg)
         # verification.enabled: each round's evidence, kept for the coordinator's validator
@@ -193,18 +195,6 @@ class Node:
                     self.experts.shutdown()
                 dht.shutdown()
                 self.client.close()
-
-    def _connect_experts(self, dht, run_id: str, cfg: RunConfig, model):
-        """The clients of the run's expert hosts, attached to ``model``'s mixture layers; where each expert lives
-        is read from the coordinator now and every few seconds (cotrain.moe.hosted)."""
-        from cotrain.moe.host import expert_namespace
-        from cotrain.moe.hosted import TrainerExperts
-
-        experts = TrainerExperts(dht, expert_namespace(run_id), self.admission, cfg.moe.layers, cfg.moe.grid,
-                                 lambda: self.client.experts(give_up_after=2.0), cfg.moe.timeout_s, cfg.moe.down_s)
-        experts.attach(model)
-        experts.start(self.stop)
-        return experts
 
     def _train(self, task, model, optimizer, cfg: RunConfig, device, train_bytes: int) -> None:
         """Train on the coordinator's work units until told to stop; ``train_bytes``: the training split's size."""

@@ -126,7 +126,6 @@ class ExpertHost(_OnDaemon):
         self._started_from: dict[str, int] = {}  # uid -> its steps when this host took it
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="experts")  # one call computes at a time
         self.assign(list(experts), experts.__getitem__)
-        self.calls = {"forward": 0, "backward": 0}
         self.refused = 0
         super().__init__(dht, f"experts-{namespace}")
         self.run(self.p2p.add_protobuf_handler(self.handler_name, self._serve, pb.ExpertCall), timeout=30)
@@ -177,9 +176,16 @@ class ExpertHost(_OnDaemon):
         """What each expert held did here: calls answered since this host started, its optimizer's steps, and the
         steps it had when this host took it."""
         with self._lock:
-            return [cpb.ExpertLoad(uid=uid, forward=self._served.get(uid, (0, 0))[0],
-                                   backward=self._served.get(uid, (0, 0))[1], updates=self._updates[uid],
-                                   started_from=self._started_from[uid]) for uid in self.experts]
+            return [cpb.ExpertLoad(uid=uid, forward=forward, backward=backward, updates=self._updates[uid],
+                                   started_from=self._started_from[uid])
+                    for uid in self.experts for forward, backward in [self._served.get(uid, (0, 0))]]
+
+    @property
+    def calls(self) -> dict[str, int]:
+        """Calls answered since this host started, by kind (every expert's, those given up included)."""
+        with self._lock:
+            return {"forward": sum(f for f, _ in self._served.values()),
+                    "backward": sum(b for _, b in self._served.values())}
 
     def _inputs(self, call: pb.ExpertCall) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         if call.uid not in self.experts:
@@ -209,15 +215,13 @@ class ExpertHost(_OnDaemon):
     def _answer(self, uid: str, x: torch.Tensor, grad: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         with self._lock:
             expert, optimizer = self.experts.get(uid), self.optimizers.get(uid)
+            if expert is not None:
+                self._served.setdefault(uid, [0, 0])[grad is not None] += 1
         if expert is None:  # given up since the call was checked
             return None
-        with self._lock:
-            self._served.setdefault(uid, [0, 0])[grad is not None] += 1
         if grad is None:
-            self.calls["forward"] += 1
             with torch.no_grad():
                 return expert(x)
-        self.calls["backward"] += 1
         x.requires_grad_(True)
         expert(x).backward(grad)
         with self._lock:

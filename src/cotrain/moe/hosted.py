@@ -137,3 +137,16 @@ class TrainerExperts:
             remote.shutdown()
         if self._thread is not None:
             self._thread.join(timeout=self.refresh_s + 15)
+
+
+def connect_trainer(dht, run_id: str, cfg, admission, model: torch.nn.Module, fetch: Callable[[], dict[str, str]],
+                    stop: threading.Event) -> TrainerExperts:
+    """A trainer's clients of the run's expert hosts (``cfg.hosts_experts``), attached to ``model``'s mixture layers;
+    where each expert lives is read with ``fetch()`` now and every :data:`REFRESH_S` until ``stop``."""
+    from cotrain.moe.host import expert_namespace
+
+    experts = TrainerExperts(dht, expert_namespace(run_id), admission, cfg.moe.layers, cfg.moe.grid, fetch,
+                             cfg.moe.timeout_s, cfg.moe.down_s)
+    experts.attach(model)
+    experts.start(stop)
+    return experts
